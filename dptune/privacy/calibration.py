@@ -1,0 +1,110 @@
+"""Noise calibration: the smallest σ whose ε (upper bound) does not exceed the target.
+
+Few accountant evaluations: a μ-GDP central-limit guess (Bu et al. 2020) starts the search,
+secant steps in log–log space bracket the root, and Illinois regula falsi narrows the bracket to
+``rel_tol``. Only σ values whose ε was *evaluated* to be ≤ target are ever returned.
+"""
+from __future__ import annotations
+
+import math
+
+from scipy import optimize, stats
+
+from .accountant import epsilon_spent, worst_direction_epsilon
+from .cache import cached, make_key
+from .validation import check_delta, check_epsilon, check_estimator, check_sample_rate, check_steps
+
+#: Relative width of the final bracket [σ_lo, σ_hi] (DESIGN asks for 0.5%).
+REL_TOL = 1e-3
+SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
+
+
+def gdp_delta(epsilon: float, mu: float) -> float:
+    """δ(ε) of μ-GDP (Dong, Roth, Su 2019, Cor. 2.13)."""
+    return float(stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2))
+
+
+def clt_noise_guess(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """σ from the CLT: T Poisson-subsampled Gaussian steps ≈ μ-GDP, μ = q√(T(e^{1/σ²} − 1)).
+
+    Exact for q = 1 (composition of Gaussians); optimistic (too small σ) otherwise, so it is
+    only a starting point.
+    """
+    mu = optimize.brentq(lambda m: gdp_delta(epsilon, m) - delta, 1e-6, 500.0)
+    ratio = mu**2 / (sample_rate**2 * steps)
+    return float(min(max(1.0 / math.sqrt(math.log1p(ratio)), SIGMA_MIN), SIGMA_MAX))
+
+
+def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int, *,
+                    norm_estimator: str = "exact", sketch_k: int | None = None) -> float:
+    """Smallest noise multiplier σ (to 0.1% relative) with ``epsilon_spent(σ, …) <= epsilon``.
+
+    Raises ValueError for invalid arguments or a target that no σ in [0.05, 10⁴] reaches.
+    Cached in memory and on disk.
+
+    >>> sigma = calibrate_noise(3.0, 1e-5, 0.02, 489)
+    >>> epsilon_spent(sigma, 1e-5, 0.02, 489) <= 3.0
+    True
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    q = check_sample_rate(sample_rate)
+    steps = check_steps(steps)
+    norm_estimator, sketch_k = check_estimator(norm_estimator, sketch_k)
+    key = make_key("sigma", epsilon=epsilon, delta=delta, q=q, steps=steps, estimator=norm_estimator,
+                   k=sketch_k, rel_tol=REL_TOL)
+    return cached(key, lambda: _search(epsilon, delta, q, steps, norm_estimator, sketch_k))
+
+
+def _search(target: float, delta: float, q: float, steps: int, estimator: str, k: int | None) -> float:
+    def log_gap(sigma: float) -> float:
+        eps = worst_direction_epsilon(sigma, delta, q, steps, estimator, k, stop_above=target)
+        return math.log(eps / target) if math.isfinite(eps) else math.inf
+
+    # Bracket in x = log σ: f(x) > 0 (too little noise) at lo, f(x) <= 0 at hi.
+    x = math.log(clt_noise_guess(target, delta, q, steps))
+    fx = log_gap(math.exp(x))
+    slope = -1.0  # d log ε / d log σ, refined by secant steps
+    lo = hi = None
+    while lo is None or hi is None:
+        if fx > 0:
+            lo = (x, fx)
+        else:
+            hi = (x, fx)
+        if lo is not None and hi is not None:
+            break
+        step = -fx / slope if math.isfinite(fx) else 0.5
+        step = math.copysign(min(max(abs(step) * 1.05, 0.01), 2.0), step if step else 1.0)
+        x_new = x + step
+        if x_new > math.log(SIGMA_MAX):
+            raise ValueError(f"epsilon={target} is not reachable at delta={delta}, sample_rate={q}, "
+                             f"steps={steps} with any noise_multiplier <= {SIGMA_MAX:g}")
+        if x_new < math.log(SIGMA_MIN):
+            raise ValueError(f"epsilon={target} is so large that it needs noise_multiplier < {SIGMA_MIN}; "
+                             "use epsilon=inf for non-private training")
+        f_new = log_gap(math.exp(x_new))
+        if math.isfinite(fx) and math.isfinite(f_new) and f_new != fx:
+            slope = min((f_new - fx) / (x_new - x), -0.05)
+        x, fx = x_new, f_new
+
+    # Illinois regula falsi on [lo, hi].
+    (xl, fl), (xh, fh) = lo, hi
+    side = 0
+    while math.exp(xh - xl) - 1 > REL_TOL:
+        if math.isfinite(fl):
+            xm = xh - fh * (xh - xl) / (fh - fl)
+            xm = min(max(xm, xl + 0.05 * (xh - xl)), xh - 0.05 * (xh - xl))
+        else:
+            xm = 0.5 * (xl + xh)
+        fm = log_gap(math.exp(xm))
+        if fm > 0:
+            xl, fl = xm, fm
+            if side == -1:
+                fh /= 2
+            side = -1
+        else:
+            xh, fh = xm, fm
+            if side == 1:
+                fl /= 2
+            side = 1
+    return math.exp(xh)

@@ -1,0 +1,39 @@
+"""Per-step privacy random variables for each way of clipping, by ``norm_estimator``.
+
+A registry: each entry maps (σ, q, sketch_k) to the PRVs of one step, one per adjacency direction
+(add/remove adjacency is the worse of the two). Randomised clipping adds its own entries.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .prv import StepPRV, SubsampledGaussianPRV
+
+MechanismBuilder = Callable[[float, float, "int | None"], Sequence[StepPRV]]
+MECHANISMS: dict[str, MechanismBuilder] = {}
+
+
+def register_mechanism(norm_estimator: str) -> Callable[[MechanismBuilder], MechanismBuilder]:
+    def decorate(builder: MechanismBuilder) -> MechanismBuilder:
+        MECHANISMS[norm_estimator] = builder
+        return builder
+
+    return decorate
+
+
+@register_mechanism("exact")
+def exact_clipping(noise_multiplier: float, sample_rate: float, sketch_k: int | None) -> Sequence[StepPRV]:
+    """DP-SGD with exact per-sample norms: the Poisson-subsampled Gaussian, both directions."""
+    directions = ("remove",) if sample_rate == 1.0 else ("remove", "add")  # q = 1: the two coincide
+    return [SubsampledGaussianPRV(sample_rate, noise_multiplier, d) for d in directions]
+
+
+def step_prvs(norm_estimator: str, noise_multiplier: float, sample_rate: float,
+              sketch_k: int | None) -> Sequence[StepPRV]:
+    """The per-step PRVs of a clipping method."""
+    try:
+        builder = MECHANISMS[norm_estimator]
+    except KeyError:
+        raise ValueError(f"norm_estimator {norm_estimator!r} has no accountant; "
+                         f"registered: {', '.join(sorted(MECHANISMS))}") from None
+    return builder(noise_multiplier, sample_rate, sketch_k)

@@ -1,0 +1,203 @@
+"""One DP training run: Poisson batches → DPEngine → optimizer, for exactly T steps.
+
+:class:`Trainer` holds all state of a run (model, optimizer, sampler and noise generators, step)
+and can save and restore it, so a resumed run ends exactly where an uninterrupted one would.
+``train`` runs it to the end without Ray (``dptune train``); the Ray Tune trainable drives the
+same class epoch by epoch.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..privacy import calibrate_noise, epsilon_spent
+from .batching import model_outputs, to_device
+from .config import TrainConfig
+from .data import DatasetSplits, load_dataset, take
+from .engine import DPEngine
+from .models import create_model, parameter_summary
+from .norm_stats import class_norm_statistics
+from .optimizers import make_optimizer
+from .sampling import PoissonSampler
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """What the accountant fixes before training: q = B/N, T = ⌈E·N/B⌉ and σ."""
+
+    sample_rate: float
+    steps: int
+    noise_multiplier: float
+
+    @property
+    def noise_sqrt_steps(self) -> float:
+        return self.noise_multiplier * math.sqrt(self.steps)
+
+
+def plan_privacy(cfg: TrainConfig, num_examples: int) -> PrivacyPlan:
+    """q, T and σ for a config (σ = 0 for non-private runs; calibrated unless given)."""
+    if cfg.batch_size > num_examples:
+        raise ValueError(f"batch_size must be <= the training set size {num_examples}; got {cfg.batch_size}")
+    q = cfg.batch_size / num_examples
+    steps = math.ceil(cfg.epochs * num_examples / cfg.batch_size)
+    if not cfg.private:
+        return PrivacyPlan(q, steps, 0.0)
+    sigma = cfg.noise_multiplier
+    if sigma is None:
+        sigma = calibrate_noise(cfg.epsilon, cfg.delta, q, steps, norm_estimator=cfg.norm_estimator,
+                                sketch_k=cfg.sketch_k)
+    return PrivacyPlan(q, steps, sigma)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: torch.utils.data.Dataset, num_classes: int, device: torch.device,
+             batch_size: int = 1024) -> dict:
+    """Test accuracy, mean cross-entropy and per-class accuracy."""
+    model.eval()
+    correct = torch.zeros(num_classes)
+    total = torch.zeros(num_classes)
+    loss_sum = 0.0
+    for start in range(0, len(dataset), batch_size):
+        idx = torch.arange(start, min(start + batch_size, len(dataset)))
+        x, y = take(dataset, idx)
+        x, y = to_device(x, device), y.to(device)
+        logits = model_outputs(model, x)
+        loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        hit = (logits.argmax(-1) == y).float().cpu()
+        total += torch.bincount(y.cpu(), minlength=num_classes).float()
+        correct += torch.bincount(y.cpu(), weights=hit, minlength=num_classes)
+    model.train()
+    n = float(total.sum())
+    return {"accuracy": float(correct.sum()) / n, "loss": loss_sum / n,
+            "per_class_accuracy": (correct / total.clamp_min(1)).tolist()}
+
+
+class Trainer:
+    """State and loop of one run; ``run_epoch`` trains to the next epoch boundary and evaluates."""
+
+    def __init__(self, cfg: TrainConfig, data: DatasetSplits | None = None) -> None:
+        self.cfg = cfg.validate()
+        self.device = resolve_device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        self.data = data or load_dataset(cfg.dataset, seed=cfg.seed)
+        self.n_train = len(self.data.train)
+        self.plan = plan_privacy(cfg, self.n_train)
+        self.model = create_model(cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
+                                  **cfg.model_options).to(self.device)
+        self.trainable, self.total_params = parameter_summary(self.model)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, momentum=cfg.momentum,
+                                        weight_decay=cfg.weight_decay)
+        self.sampler = PoissonSampler(self.n_train, self.plan.sample_rate, seed=cfg.seed)
+        self.noise_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
+        self.engine = None
+        if cfg.private:
+            self.engine = DPEngine(self.model, nn.CrossEntropyLoss(reduction="none"), clip_bound=cfg.clip_bound,
+                                   noise_multiplier=self.plan.noise_multiplier, expected_batch_size=cfg.batch_size,
+                                   norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k, denoise=cfg.denoise,
+                                   clip_fn=cfg.clip_fn, max_physical_batch_size=cfg.max_physical_batch_size,
+                                   generator=self.noise_generator)
+        self.step = 0
+        self.epoch = 0
+        self.train_time_s = 0.0
+
+    @property
+    def num_epochs(self) -> int:
+        return math.ceil(self.cfg.epochs)
+
+    def epoch_end_step(self, epoch: int) -> int:
+        """Step count at the end of ``epoch`` (1-based); the last epoch ends at T."""
+        return min(self.plan.steps, round(epoch * self.plan.steps / self.cfg.epochs))
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.plan.steps
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One optimizer step on a Poisson batch; returns (norms, labels) when private."""
+        idx = self.sampler.sample()
+        x, y = take(self.data.train, idx)
+        x, y = to_device(x, self.device), y.to(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        out = None
+        if self.engine is not None:
+            stats = self.engine.private_gradient(x, y)
+            out = (stats["norms"].cpu(), y.cpu())
+            self.optimizer.step()
+        elif len(y):  # non-private baseline: plain mean loss over the realised batch
+            nn.functional.cross_entropy(model_outputs(self.model, x), y).backward()
+            self.optimizer.step()
+        self.step += 1
+        return out
+
+    def run_epoch(self, progress: tqdm | None = None) -> dict:
+        """Train to the end of the next epoch, evaluate, and return the epoch's metrics."""
+        self.epoch += 1
+        start = time.perf_counter()
+        norms, labels = [], []
+        while self.step < self.epoch_end_step(self.epoch):
+            result = self.train_step()
+            if result is not None:
+                norms.append(result[0])
+                labels.append(result[1])
+            if progress is not None:
+                progress.update(1)
+        self.train_time_s += time.perf_counter() - start
+        metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s,
+                   **evaluate(self.model, self.data.test, self.data.num_classes, self.device)}
+        if self.engine is not None:
+            metrics["epsilon_spent"] = epsilon_spent(self.plan.noise_multiplier, self.cfg.delta,
+                                                     self.plan.sample_rate, self.step,
+                                                     norm_estimator=self.cfg.norm_estimator,
+                                                     sketch_k=self.cfg.sketch_k)
+            all_norms = torch.cat(norms) if norms else torch.zeros(0)
+            all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
+            metrics["clipped_fraction"] = float((all_norms > self.cfg.clip_bound).float().mean()) if len(all_norms) else 0.0
+            # Non-private diagnostic: computed from the private training examples.
+            metrics["nonprivate_gradnorms"] = class_norm_statistics(all_norms, all_labels, self.cfg.clip_bound,
+                                                                    histogram=True)
+        else:
+            metrics["epsilon_spent"] = math.inf
+        return metrics
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs: trainable weights, optimizer, RNG states, counters."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "sampler": self.sampler.state_dict(), "noise_generator": self.noise_generator.get_state(),
+                "torch_rng": torch.get_rng_state(), "step": self.step, "epoch": self.epoch,
+                "train_time_s": self.train_time_s, "config": self.cfg.to_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.noise_generator.set_state(state["noise_generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step, self.epoch, self.train_time_s = state["step"], state["epoch"], state["train_time_s"]
+
+
+def train(cfg: TrainConfig, *, progress: bool = True, on_epoch: Callable[[dict], None] | None = None,
+          data: DatasetSplits | None = None) -> list[dict]:
+    """Run a whole training without Ray; returns the per-epoch metrics."""
+    trainer = Trainer(cfg, data)
+    history = []
+    with tqdm(total=trainer.plan.steps, disable=not progress, unit="step", desc="training") as bar:
+        while not trainer.done:
+            metrics = trainer.run_epoch(bar)
+            history.append(metrics)
+            bar.set_postfix(acc=f"{metrics['accuracy']:.3f}", eps=f"{metrics['epsilon_spent']:.2f}")
+            if on_epoch is not None:
+                on_epoch(metrics)
+    return history
