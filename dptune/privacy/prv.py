@@ -9,8 +9,10 @@ their precision) and a vectorised integer-order RDP bound for the domain size, w
 make one ε evaluation ~10× cheaper than prv-accountant's generic path without changing its
 guarantees.
 
-A per-step PRV here is any object with ``cdf(t)``, ``sf(t)`` (vectorised over numpy arrays) and
-``rdp(orders)`` (Rényi DP at the given orders, an upper bound is enough: it only sizes the domain).
+A per-step PRV here is any object with ``cdf(t)``, ``sf(t)`` (vectorised over numpy arrays),
+``rdp(orders)`` (Rényi DP at the given orders, an upper bound is enough: it only sizes the domain)
+and optionally ``pm_inf``, a per-step probability of an infinite privacy loss (a tail charged to
+δ; the CDF is then conditioned on a finite loss).
 """
 from __future__ import annotations
 
@@ -164,6 +166,14 @@ def discretise(prv: StepPRV, domain: Domain) -> DiscretePrivacyRandomVariable:
     return DiscretePrivacyRandomVariable(pmf, domain.shift_right(shift))
 
 
+def _rdp_fallback(prv: StepPRV, steps: int, delta: float) -> float:
+    """A looser but valid ε from RDP; the probability of an infinite loss is charged to δ first."""
+    delta_inf = -math.expm1(steps * math.log1p(-getattr(prv, "pm_inf", 0.0)))
+    if delta <= delta_inf:
+        return math.inf
+    return rdp_epsilon(prv.rdp(RDP_ORDERS) * steps, RDP_ORDERS, delta - delta_inf)
+
+
 def _fft_friendly(domain: Domain) -> Domain:
     """Widen the domain to the next even 5-smooth size (a wider domain is still safe; FFTs are faster)."""
     size = len(domain)
@@ -173,27 +183,23 @@ def _fft_friendly(domain: Domain) -> Domain:
     return Domain(domain.t_min() - pad, domain.t_max() + pad, size)
 
 
-def compose_epsilon(prv: StepPRV, steps: int, delta: float, *, eps_error: float = EPS_ERROR,
-                    log_pmc_inf: float = 0.0) -> float:
-    """Upper bound on ε after ``steps`` self-compositions of ``prv`` at ``delta``.
-
-    ``log_pmc_inf`` = log(1 − p_∞) where p_∞ is a per-step probability of an infinite privacy loss
-    (a tail charged to δ); 0 for mechanisms without one.
-    """
+def compose_epsilon(prv: StepPRV, steps: int, delta: float, *, eps_error: float = EPS_ERROR) -> float:
+    """Upper bound on ε after ``steps`` self-compositions of ``prv`` at ``delta`` (∞ when the
+    mass at infinity, 1 − (1 − pm_inf)^T, already exceeds δ)."""
     delta_error = delta / 1000
     L = _domain_half_width(prv, steps, delta_error, eps_error)
     mesh = eps_error / math.sqrt(steps / 2 * math.log(12 / delta_error))
     if 2 * L / mesh > MAX_DOMAIN_POINTS:
-        return rdp_epsilon(prv.rdp(RDP_ORDERS) * steps, RDP_ORDERS, delta)
+        return _rdp_fallback(prv, steps, delta)
     domain = _fft_friendly(Domain.create_aligned(-L, L, mesh))
     dprv = discretise(prv, domain)
-    dprv = DiscretePrivacyRandomVariable(dprv.pmf, dprv.domain, log_pmc_inf=log_pmc_inf)
+    dprv = DiscretePrivacyRandomVariable(dprv.pmf, dprv.domain, log_pmc_inf=math.log1p(-getattr(prv, "pm_inf", 0.0)))
     composed = Fourier([dprv]).compute_composition([steps])
     try:
         return float(composed.compute_epsilon(delta, delta_error, eps_error)[2])
     except (RuntimeError, ValueError):
         # δ too small for the mesh's floating point, or ε beyond the domain: RDP is still valid.
-        return rdp_epsilon(prv.rdp(RDP_ORDERS) * steps, RDP_ORDERS, delta)
+        return _rdp_fallback(prv, steps, delta)
 
 
 def max_epsilon(prvs: Sequence[StepPRV], steps: int, delta: float, **kwargs) -> float:
