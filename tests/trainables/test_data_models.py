@@ -1,0 +1,47 @@
+"""Embedded datasets (seeded stratified splits) and the model registry."""
+import pytest
+import torch
+from torch import nn
+
+from dptune.trainables.data import load_dataset
+from dptune.trainables.models import MODELS, create_model
+
+
+@pytest.mark.parametrize("name,n_train,n_test,shape", [("digits", 1437, 360, (1, 8, 8)),
+                                                        ("mnist5k", 4000, 1000, (1, 28, 28))])
+def test_embedded_sets_are_stratified_and_seeded(name, n_train, n_test, shape):
+    data = load_dataset(name, seed=0)
+    x, y = data.train.tensors
+    assert (len(data.train), len(data.test), data.input_shape, data.num_classes) == (n_train, n_test, shape, 10)
+    assert x.shape[1:] == shape and len(data.class_names) == 10
+    share = torch.bincount(y, minlength=10).double() / len(y)
+    test_share = torch.bincount(data.test.tensors[1], minlength=10).double() / len(data.test)
+    assert (share - test_share).abs().max() < 0.01  # stratified: same class mix in both splits
+    assert torch.equal(load_dataset(name, seed=0).train.tensors[0], x)
+    assert not torch.equal(load_dataset(name, seed=1).train.tensors[0], x)
+    assert abs(x.mean().item()) < 1e-3 and x.std().item() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_mnist_is_not_left_sorted_by_label():
+    y = load_dataset("mnist5k").train.tensors[1]
+    assert (y[1:] != y[:-1]).float().mean() > 0.5
+
+
+def test_unknown_names_list_the_registered_ones():
+    with pytest.raises(ValueError, match="digits"):
+        load_dataset("cifar1000")
+    with pytest.raises(ValueError, match="wrn16_4"):
+        create_model("resnet9000", num_classes=10, input_shape=(1, 8, 8))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_has_no_batchnorm_and_runs(name):
+    model = create_model(name, num_classes=7, input_shape=(3, 16, 16))
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 7)
+
+
+def test_wide_resnet_16_4_has_the_published_size():
+    model = create_model("wrn16_4", num_classes=10, input_shape=(3, 32, 32))
+    # WRN-16-4 on CIFAR-10: 2.75M parameters (Zagoruyko & Komodakis 2016, Table 1)
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(2.75e6, rel=0.01)
