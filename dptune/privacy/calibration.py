@@ -21,7 +21,7 @@ SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
 
 def gdp_delta(epsilon: float, mu: float) -> float:
     """δ(ε) of μ-GDP (Dong, Roth, Su 2019, Cor. 2.13)."""
-    return float(stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2))
+    return float(stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2)))
 
 
 def clt_noise_guess(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
