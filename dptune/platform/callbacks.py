@@ -1,0 +1,53 @@
+"""Driver-side Ray Tune callback that writes every finished or errored trial to the results store."""
+from __future__ import annotations
+
+from ray import tune
+
+from .records import epoch_rows, gradnorm_rows, trial_row
+from .store import ResultsStore
+from .trainable import parse_history
+
+
+class StoreCallback(tune.Callback):
+    """Writes a trial's row, its per-epoch curve and its gradient-norm statistics when it ends."""
+
+    def __init__(self, store_root: str, experiment: str) -> None:
+        self.store_root = store_root
+        self.experiment = experiment
+        self._store: ResultsStore | None = None
+
+    @property
+    def store(self) -> ResultsStore:
+        if self._store is None:
+            self._store = ResultsStore(self.store_root)
+        return self._store
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
+        self._write(trial, status="finished")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
+        self._write(trial, status="error", error=_error_message(trial))
+
+    def _write(self, trial: "tune.experiment.Trial", *, status: str, error: str | None = None) -> None:
+        last = dict(trial.last_result or {})
+        history = parse_history(last)
+        last["history"] = history
+        row = trial_row(trial.trial_id, trial.config["trial"], last, status=status, error=error, experiment=self.experiment)
+        self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
+
+
+def _error_message(trial: "tune.experiment.Trial") -> str:
+    """The last line of the trial's error (the exception type and message), or a placeholder."""
+    try:
+        err = trial.get_pickled_error()
+    except Exception:  # storage unreachable: fall back to the text file
+        err = None
+    text = str(err) if err is not None else ""
+    if not text and trial.error_file:
+        try:
+            with open(trial.error_file) as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "trial failed (no error message recorded)"

@@ -1,0 +1,80 @@
+"""Start or join Ray and run trial configs with Ray Tune (fresh or restored), writing the store."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import ray
+from ray import tune
+
+from .callbacks import StoreCallback
+from .trainable import dp_trainable
+
+
+@dataclass
+class RunSettings:
+    """Where and how trials run: experiment name, storage, per-trial resources, retries."""
+
+    experiment: str = "dptune"
+    storage: str = "./dptune-results"
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    max_failures: int = 2
+    max_concurrent: int | None = None
+    verbose: int = 1
+
+    @property
+    def experiment_path(self) -> str:
+        return f"{self.storage.rstrip('/')}/{self.experiment}"
+
+    @property
+    def store_root(self) -> str:
+        return f"{self.experiment_path}/store"
+
+
+def absolute_storage(storage: str) -> str:
+    """Ray needs an absolute local path (or a URI such as s3://…)."""
+    return storage if "://" in storage else os.path.abspath(os.path.expanduser(storage))
+
+
+def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> None:
+    """Join ``address`` (e.g. "auto" on a cluster) or start embedded local Ray on 127.0.0.1."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=dashboard, _node_ip_address="127.0.0.1",
+                 logging_level=logging.WARNING, configure_logging=True)
+
+
+def _trainable(settings: RunSettings):
+    return tune.with_resources(dp_trainable, {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial})
+
+
+def run_trials(trials: list[dict], settings: RunSettings) -> tune.ResultGrid:
+    """Run every trial spec ({"train": …, "meta": …}) as one Ray Tune trial."""
+    tuner = tune.Tuner(
+        _trainable(settings),
+        param_space={"trial": tune.grid_search(trials)},
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=settings.max_concurrent),
+        run_config=tune.RunConfig(
+            name=settings.experiment, storage_path=absolute_storage(settings.storage),
+            failure_config=tune.FailureConfig(max_failures=settings.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=[StoreCallback(absolute_storage(settings.store_root), settings.experiment)],
+            verbose=settings.verbose),
+    )
+    return tuner.fit()
+
+
+def resume_trials(experiment_path: str, settings: RunSettings, *, restart_errored: bool = False) -> tune.ResultGrid:
+    """Continue an interrupted experiment: unfinished trials resume from their checkpoints,
+    errored ones resume (or restart from scratch with ``restart_errored``); finished ones stay."""
+    path = absolute_storage(experiment_path)
+    if not tune.Tuner.can_restore(path):
+        raise ValueError(f"no restorable experiment at {experiment_path!r} (expected a Ray Tune experiment folder)")
+    tuner = tune.Tuner.restore(path, _trainable(settings), resume_unfinished=True,
+                               resume_errored=not restart_errored, restart_errored=restart_errored)
+    return tuner.fit()

@@ -1,0 +1,57 @@
+"""`dptune query` and `dptune compact`: SQL over a results store, printed or written to a file."""
+from __future__ import annotations
+
+import os
+from typing import TextIO
+
+import pandas as pd
+
+from .store import ResultsStore
+
+FORMATS = ("table", "csv", "json", "parquet")
+DEFAULT_STORE = "./dptune-results/default/store"
+
+
+def open_store(path: str) -> ResultsStore:
+    """A store from its folder, or from an experiment folder that contains ``store/``."""
+    if "://" not in path:
+        if os.path.isdir(os.path.join(path, "store")):
+            path = os.path.join(path, "store")
+        if not os.path.isdir(os.path.join(path, "trials")):
+            raise FileNotFoundError(f"no results store at {path!r} (expected a folder with trials/, epochs/, "
+                                    "gradnorms/; run `dptune sweep` first or pass --store)")
+    return ResultsStore(path)
+
+
+def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | None = None,
+              out: TextIO) -> pd.DataFrame:
+    """Run ``sql`` over the views trials/epochs/gradnorms; print a table or write csv/json/parquet."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    if fmt == "parquet" and not out_file:
+        raise ValueError("format parquet needs --out FILE")
+    try:
+        frame = open_store(store_path).query(sql)
+    except Exception as exc:  # DuckDB parser/binder errors: one line for the user
+        if type(exc).__module__.startswith("duckdb") or exc.__class__.__name__.endswith("Exception"):
+            raise ValueError(f"query failed: {str(exc).splitlines()[0]}") from exc
+        raise
+    if fmt == "table":
+        with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
+            print(frame.to_string(index=False), file=out)
+    elif fmt == "csv":
+        text = frame.to_csv(index=False)
+        _emit(text, out_file, out)
+    elif fmt == "json":
+        _emit(frame.to_json(orient="records", indent=1), out_file, out)
+    else:
+        frame.to_parquet(out_file, index=False)
+    return frame
+
+
+def _emit(text: str, out_file: str | None, out: TextIO) -> None:
+    if out_file:
+        with open(out_file, "w") as f:
+            f.write(text)
+    else:
+        out.write(text)

@@ -1,0 +1,55 @@
+"""Rows of the results store built from a trial's config and its reported history (pure functions)."""
+from __future__ import annotations
+
+import math
+
+from .store import to_json
+
+AXES = ("dataset", "model", "epsilon", "delta", "epochs")
+HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate", "optimizer", "momentum", "clip_fn",
+                   "norm_estimator", "sketch_k", "denoise", "peft", "seed")
+EPOCH_FIELDS = ("epoch", "step", "accuracy", "loss", "epsilon_spent", "clipped_fraction", "train_time_s")
+
+
+def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, error: str | None = None,
+              experiment: str = "") -> dict:
+    """One ``trials`` row: axes, hyperparameters, privacy figures, final results, status, config."""
+    train = config["train"]
+    meta = config.get("meta", {})
+    last = last or {}
+    row = {"trial_id": trial_id, "experiment": experiment, "status": status, "error": error,
+           "cell": meta.get("cell"), "backbone": train.get("model")}
+    row.update({k: train.get(k) for k in AXES + HYPERPARAMETERS})
+    row["private"] = math.isfinite(float(train.get("epsilon", math.inf)))
+    for k in ("noise_multiplier", "sample_rate", "steps", "noise_sqrt_steps"):
+        row[k] = last.get(k, meta.get(k))
+    for k in ("epsilon_spent", "accuracy", "loss", "clipped_fraction", "train_time_s", "epoch"):
+        row[k] = last.get(k)
+    history = last.get("history", [])
+    row["per_class_accuracy"] = history[-1]["per_class_accuracy"] if history else None
+    row["config_json"] = to_json(config)
+    return row
+
+
+def epoch_rows(history: list[dict]) -> list[dict]:
+    """One ``epochs`` row per epoch: the curve, per-class accuracy and any extra scalar metrics."""
+    rows = []
+    for m in history:
+        row = {k: m.get(k) for k in EPOCH_FIELDS}
+        row["per_class_accuracy"] = m.get("per_class_accuracy")
+        row.update({k: v for k, v in m.items() if k not in row and isinstance(v, (int, float))
+                    and not isinstance(v, bool)})
+        rows.append(row)
+    return rows
+
+
+def gradnorm_rows(history: list[dict]) -> list[dict]:
+    """One ``gradnorms`` row per (epoch, class): non-private per-class norm statistics."""
+    rows = []
+    for m in history:
+        for label, s in (m.get("nonprivate_gradnorms") or {}).items():
+            row = {"epoch": m["epoch"], "label": int(label), "count": s["count"],
+                   "clipped_fraction": s["clipped_fraction"], "histogram": s.get("histogram")}
+            row.update({f"norm_q{round(float(q) * 100):02d}": v for q, v in s["norm_quantiles"].items()})
+            rows.append(row)
+    return rows

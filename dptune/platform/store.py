@@ -1,0 +1,157 @@
+"""The results store: a Parquet dataset per experiment, queried through DuckDB views.
+
+Layout under ``<storage>/<experiment>/store/``: one folder per table (``trials``, ``epochs``,
+``gradnorms``). Each finished or errored trial writes one ``trial-<id>.parquet`` file per table —
+written to a hidden temporary name and renamed, so a reader never sees half a file, and keyed by
+trial id, so a resumed trial replaces its rows instead of duplicating them. ``compact`` merges the
+small files into ``part-*.parquet`` files (keeping the newest version of each trial). The views
+read the parts, minus any trial that also has a newer loose file, plus the loose files.
+
+``gradnorms`` holds per-class gradient-norm statistics computed from private training examples:
+they are **not** differentially private (column ``nonprivate`` is always true).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from typing import Iterable, Sequence
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+TABLES = ("trials", "epochs", "gradnorms")
+LOOSE, PART = "trial-", "part-"
+
+
+def _sanitize(value: object) -> object:
+    """Parquet-friendly scalars: ±inf floats become None (JSON and SQL have no infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class ResultsStore:
+    """Read and write one experiment's results (local path, NFS, or ``s3://…``)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/")
+        self.fs, self.path = pafs.FileSystem.from_uri(self.root) if "://" in self.root else \
+            (pafs.LocalFileSystem(), self.root)
+        for table in TABLES:
+            self.fs.create_dir(f"{self.path}/{table}", recursive=True)
+
+    # -- writing ---------------------------------------------------------------------------
+    def write_trial(self, trial: dict, epochs: Sequence[dict] = (), gradnorms: Sequence[dict] = ()) -> None:
+        """Write (or replace) one trial's rows in all three tables; the trials row goes last."""
+        trial_id = str(trial["trial_id"])
+        written_at = time.time()
+        for table, rows in (("epochs", epochs), ("gradnorms", gradnorms), ("trials", [trial])):
+            rows = [{**{k: _sanitize(v) for k, v in r.items()}, "trial_id": trial_id, "written_at": written_at}
+                    for r in rows]
+            if table == "gradnorms":
+                rows = [{**r, "nonprivate": True} for r in rows]
+            self._write_atomic(f"{self.path}/{table}/{LOOSE}{_safe(trial_id)}.parquet", rows)
+
+    def _write_atomic(self, final: str, rows: list[dict] | pa.Table) -> None:
+        if isinstance(rows, pa.Table):
+            table = rows
+        elif rows:
+            table = pa.Table.from_pylist(rows)
+        else:
+            table = pa.table({"trial_id": pa.array([], pa.string()), "written_at": pa.array([], pa.float64())})
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            directory, name = final.rsplit("/", 1)
+            tmp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+            pq.write_table(table, tmp, filesystem=self.fs)
+            self.fs.move(tmp, final)  # atomic rename on POSIX
+        else:
+            pq.write_table(table, final, filesystem=self.fs)  # object stores publish whole objects
+
+    def compact(self) -> dict[str, int]:
+        """Merge every table's files into one part (newest version per trial); returns rows kept."""
+        kept = {}
+        for table in TABLES:
+            files = self._files(table)
+            if len(files) <= 1:
+                kept[table] = -1
+                continue
+            stamps = {f.path: (f.mtime_ns, f.size) for f in files}
+            data = pa.concat_tables([pq.read_table(f.path, filesystem=self.fs) for f in files],
+                                    promote_options="permissive")
+            with duckdb.connect() as con:
+                con.register("data", data)
+                newest = con.sql("SELECT * FROM data QUALIFY written_at = max(written_at) "
+                                     "OVER (PARTITION BY trial_id)").to_arrow_table()
+            self._write_atomic(f"{self.path}/{table}/{PART}{uuid.uuid4().hex}.parquet", newest)
+            for f in self.fs.get_file_info([f.path for f in files]):
+                if (f.mtime_ns, f.size) == stamps[f.path]:  # rewritten meanwhile: keep the newer file
+                    self.fs.delete_file(f.path)
+            kept[table] = newest.num_rows
+        return kept
+
+    # -- reading ---------------------------------------------------------------------------
+    def _files(self, table: str, prefix: str | None = None) -> list[pafs.FileInfo]:
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/{table}", allow_not_found=True))
+        return [i for i in infos if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
+                and (prefix is None or i.base_name.startswith(prefix))]
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection with the views ``trials``, ``epochs`` and ``gradnorms``."""
+        con = duckdb.connect()
+        for table in TABLES:
+            loose = [f.path for f in self._files(table, LOOSE)]
+            parts = [f.path for f in self._files(table, PART)]
+            if isinstance(self.fs, pafs.LocalFileSystem):
+                loose_sql, parts_sql = _parquet_sql(loose), _parquet_sql(parts)
+            else:  # remote: read with pyarrow's filesystem (DuckDB would need a network extension)
+                loose_sql = _register(con, f"_{table}_loose", self.fs, loose)
+                parts_sql = _register(con, f"_{table}_parts", self.fs, parts)
+            if loose_sql and parts_sql:
+                sql = (f"SELECT * FROM {parts_sql} WHERE trial_id NOT IN (SELECT trial_id FROM {loose_sql}) "
+                       f"UNION ALL BY NAME SELECT * FROM {loose_sql}")
+            else:
+                sql = f"SELECT * FROM {loose_sql or parts_sql}" if (loose_sql or parts_sql) else \
+                    "SELECT NULL::VARCHAR AS trial_id, NULL::DOUBLE AS written_at WHERE false"
+            con.execute(f"CREATE VIEW {table} AS {sql}")
+        return con
+
+    def query(self, sql: str) -> pd.DataFrame:
+        """Run SQL over the views and return a pandas frame."""
+        with self.connect() as con:
+            return con.execute(sql).df()
+
+    def table(self, name: str) -> pd.DataFrame:
+        """One whole view as a pandas frame (``trials``, ``epochs`` or ``gradnorms``)."""
+        if name not in TABLES:
+            raise ValueError(f"table must be one of {', '.join(TABLES)}; got {name!r}")
+        return self.query(f"SELECT * FROM {name}")
+
+
+def _safe(trial_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in trial_id)
+
+
+def _parquet_sql(paths: Iterable[str]) -> str | None:
+    paths = list(paths)
+    if not paths:
+        return None
+    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+    return f"read_parquet([{quoted}], union_by_name=true)"
+
+
+def _register(con: duckdb.DuckDBPyConnection, name: str, fs: pafs.FileSystem, paths: list[str]) -> str | None:
+    if not paths:
+        return None
+    con.register(name, pa.concat_tables([pq.read_table(p, filesystem=fs) for p in paths],
+                                        promote_options="permissive"))
+    return name
+
+
+def to_json(value: object) -> str:
+    """Serialise nested results (per-class lists, configs) for a Parquet string column."""
+    return json.dumps(value, default=lambda v: None if isinstance(v, float) and not math.isfinite(v) else str(v))

@@ -1,0 +1,52 @@
+"""The Ray Tune function trainable: one DP training run per trial, checkpointed every epoch.
+
+A trial's Ray Tune config is ``{"trial": {"train": <TrainConfig fields>, "meta": <cell and plan
+fields>}}``. The
+trainable resumes from its latest checkpoint (weights, optimizer, sampler/noise/torch RNG states,
+step, history), so a restored trial ends exactly as an uninterrupted one would. Every report
+carries the history so far, which the driver-side store callback writes to Parquet.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from ..trainables.config import TrainConfig
+from ..trainables.training import Trainer
+from . import tune_adapter
+from .store import to_json
+
+
+class TrialDiverged(FloatingPointError):
+    """The training loss became NaN or infinite (the trial is recorded as errored)."""
+
+
+def dp_trainable(config: dict) -> None:
+    """Train the configured model with DP for the planned steps, reporting after every epoch."""
+    cfg = TrainConfig.from_dict(config["trial"]["train"])
+    trainer = Trainer(cfg)
+    history: list[dict] = []
+    state = tune_adapter.restore_state()
+    if state is not None:
+        trainer.load_state_dict(state["trainer"])
+        history = state["history"]
+    while not trainer.done:
+        metrics = trainer.run_epoch()
+        if not math.isfinite(metrics["loss"]):
+            raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics['epoch']}")
+        history.append(metrics)
+        tune_adapter.report(epoch_report(metrics, trainer, history),
+                            state={"trainer": trainer.state_dict(), "history": history})
+
+
+def epoch_report(metrics: dict, trainer: Trainer, history: list[dict]) -> dict:
+    """Flat scalar metrics for Ray Tune plus the run's plan and its history (as JSON)."""
+    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {**scalars, "noise_multiplier": trainer.plan.noise_multiplier, "sample_rate": trainer.plan.sample_rate,
+            "steps": trainer.plan.steps, "noise_sqrt_steps": trainer.plan.noise_sqrt_steps,
+            "trainable_params": trainer.trainable, "history_json": to_json(history)}
+
+
+def parse_history(result: dict) -> list[dict]:
+    """The per-epoch history carried in a reported result (empty before the first epoch)."""
+    return json.loads(result.get("history_json", "[]"))

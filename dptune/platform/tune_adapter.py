@@ -1,0 +1,35 @@
+"""The one place that touches Ray Tune's reporting and checkpoint API (it changes between releases)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import torch
+from ray import tune
+
+STATE_FILE = "state.pt"
+
+
+def report(metrics: dict, state: dict | None = None) -> None:
+    """Report one epoch's metrics, with a checkpoint of ``state`` when given."""
+    if state is None:
+        tune.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        torch.save(state, os.path.join(directory, STATE_FILE))
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
+def restore_state() -> dict[str, Any] | None:
+    """The state saved with the trial's latest checkpoint, or None for a fresh trial."""
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        return torch.load(os.path.join(directory, STATE_FILE), weights_only=False)
+
+
+def trial_id() -> str:
+    """The running trial's id (for logs and the results store)."""
+    return tune.get_context().get_trial_id()
