@@ -8,12 +8,18 @@ from .store import ResultsStore
 from .trainable import parse_history
 
 
-class StoreCallback(tune.Callback):
-    """Writes a trial's row, its per-epoch curve and its gradient-norm statistics when it ends."""
+#: Compact the store whenever this many per-trial files have accumulated (queries stay fast).
+COMPACT_EVERY = 256
 
-    def __init__(self, store_root: str, experiment: str) -> None:
+
+class StoreCallback(tune.Callback):
+    """Writes a trial's row, its per-epoch curve and its gradient-norm statistics when it ends,
+    and compacts the store every ``compact_every`` trials."""
+
+    def __init__(self, store_root: str, experiment: str, compact_every: int = COMPACT_EVERY) -> None:
         self.store_root = store_root
         self.experiment = experiment
+        self.compact_every = compact_every
         self._store: ResultsStore | None = None
 
     @property
@@ -34,6 +40,8 @@ class StoreCallback(tune.Callback):
         last["history"] = history
         row = trial_row(trial.trial_id, trial.config["trial"], last, status=status, error=error, experiment=self.experiment)
         self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
+        if self.store.loose_files("trials") >= self.compact_every:
+            self.store.compact()
 
 
 def _error_message(trial: "tune.experiment.Trial") -> str:

@@ -100,6 +100,10 @@ class ResultsStore:
         return [i for i in infos if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
                 and (prefix is None or i.base_name.startswith(prefix))]
 
+    def loose_files(self, table: str) -> int:
+        """How many per-trial files of ``table`` are waiting for compaction."""
+        return len(self._files(table, LOOSE))
+
     def connect(self) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection with the views ``trials``, ``epochs`` and ``gradnorms``."""
         con = duckdb.connect()

@@ -1,6 +1,7 @@
 """The one place that touches Ray Tune's reporting and checkpoint API (it changes between releases)."""
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from typing import Any
@@ -9,6 +10,8 @@ import torch
 from ray import tune
 
 STATE_FILE = "state.pt"
+logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per epoch is noise
+logging.getLogger("ray.tune").setLevel(logging.WARNING)
 
 
 def report(metrics: dict, state: dict | None = None) -> None:
