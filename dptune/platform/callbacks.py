@@ -5,7 +5,7 @@ from ray import tune
 
 from .records import epoch_rows, gradnorm_rows, trial_row
 from .store import ResultsStore
-from .trainable import parse_history
+from .tune_adapter import checkpoint_state
 
 
 #: Compact the store whenever this many per-trial files have accumulated (queries stay fast).
@@ -36,7 +36,8 @@ class StoreCallback(tune.Callback):
 
     def _write(self, trial: "tune.experiment.Trial", *, status: str, error: str | None = None) -> None:
         last = dict(trial.last_result or {})
-        history = parse_history(last)
+        state = checkpoint_state(trial.checkpoint)
+        history = state["history"] if state else []
         last["history"] = history
         row = trial_row(trial.trial_id, trial.config["trial"], last, status=status, error=error, experiment=self.experiment)
         self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))

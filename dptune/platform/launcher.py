@@ -50,8 +50,19 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashbo
                  logging_level=logging.WARNING, configure_logging=True)
 
 
-def _trainable(settings: RunSettings, function: Callable[[dict], None] = dp_trainable):
+def resourced(settings: RunSettings, function: Callable[[dict], None] = dp_trainable):
+    """The trainable with the per-trial resources of ``settings`` (fractional GPUs allowed)."""
     return tune.with_resources(function, {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial})
+
+
+def run_config(settings: RunSettings) -> tune.RunConfig:
+    """Storage, retries, one kept checkpoint per trial and the store callback."""
+    return tune.RunConfig(
+        name=settings.experiment, storage_path=absolute_storage(settings.storage),
+        failure_config=tune.FailureConfig(max_failures=settings.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        callbacks=[StoreCallback(absolute_storage(settings.store_root), settings.experiment)],
+        verbose=settings.verbose)
 
 
 # Checkpointing every epoch of many short trials is the point; Ray's warning about it is noise.
@@ -60,28 +71,9 @@ os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_
 
 def run_trials(trials: list[dict], settings: RunSettings,
                trainable: Callable[[dict], None] = dp_trainable) -> tune.ResultGrid:
-    """Run every trial spec ({"train": …, "meta": …}) as one Ray Tune trial (``trainable``
-    replaces the DP trainable only to measure the platform's own overhead)."""
-    tuner = tune.Tuner(
-        _trainable(settings, trainable),
-        param_space={"trial": tune.grid_search(trials)},
-        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=settings.max_concurrent),
-        run_config=tune.RunConfig(
-            name=settings.experiment, storage_path=absolute_storage(settings.storage),
-            failure_config=tune.FailureConfig(max_failures=settings.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[StoreCallback(absolute_storage(settings.store_root), settings.experiment)],
-            verbose=settings.verbose),
-    )
-    return tuner.fit()
-
-
-def resume_trials(experiment_path: str, settings: RunSettings, *, restart_errored: bool = False) -> tune.ResultGrid:
-    """Continue an interrupted experiment: unfinished trials resume from their checkpoints,
-    errored ones resume (or restart from scratch with ``restart_errored``); finished ones stay."""
-    path = absolute_storage(experiment_path)
-    if not tune.Tuner.can_restore(path):
-        raise ValueError(f"no restorable experiment at {experiment_path!r} (expected a Ray Tune experiment folder)")
-    tuner = tune.Tuner.restore(path, _trainable(settings), resume_unfinished=True,
-                               resume_errored=not restart_errored, restart_errored=restart_errored)
+    """Run an explicit list of trial specs ({"train": …, "meta": …}), one Ray Tune trial each
+    (``trainable`` replaces the DP trainable only to measure the platform's own overhead)."""
+    tuner = tune.Tuner(resourced(settings, trainable), param_space={"trial": tune.grid_search(trials)},
+                       tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=settings.max_concurrent),
+                       run_config=run_config(settings))
     return tuner.fit()

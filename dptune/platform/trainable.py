@@ -3,18 +3,17 @@
 A trial's Ray Tune config is ``{"trial": {"train": <TrainConfig fields>, "meta": <cell and plan
 fields>}}``. The
 trainable resumes from its latest checkpoint (weights, optimizer, sampler/noise/torch RNG states,
-step, history), so a restored trial ends exactly as an uninterrupted one would. Every report
-carries the history so far, which the driver-side store callback writes to Parquet.
+step, history), so a restored trial ends exactly as an uninterrupted one would. Reports carry
+scalar metrics only; the per-epoch history (curves, per-class gradient-norm statistics) travels in
+the checkpoint, where the driver-side store callback reads it.
 """
 from __future__ import annotations
 
-import json
 import math
 
 from ..trainables.config import TrainConfig
 from ..trainables.training import Trainer
 from . import tune_adapter
-from .store import to_json
 
 
 class TrialDiverged(FloatingPointError):
@@ -35,18 +34,16 @@ def dp_trainable(config: dict) -> None:
         if not math.isfinite(metrics["loss"]):
             raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics['epoch']}")
         history.append(metrics)
-        tune_adapter.report(epoch_report(metrics, trainer, history),
+        tune_adapter.report(epoch_report(metrics, trainer),
                             state={"trainer": trainer.state_dict(), "history": history})
 
 
-def epoch_report(metrics: dict, trainer: Trainer, history: list[dict]) -> dict:
-    """Flat scalar metrics for Ray Tune plus the run's plan and its history (as JSON)."""
-    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return {**scalars, "noise_multiplier": trainer.plan.noise_multiplier, "sample_rate": trainer.plan.sample_rate,
-            "steps": trainer.plan.steps, "noise_sqrt_steps": trainer.plan.noise_sqrt_steps,
-            "trainable_params": trainer.trainable, "history_json": to_json(history)}
-
-
-def parse_history(result: dict) -> list[dict]:
-    """The per-epoch history carried in a reported result (empty before the first epoch)."""
-    return json.loads(result.get("history_json", "[]"))
+def epoch_report(metrics: dict, trainer: Trainer) -> dict:
+    """Flat scalar metrics for Ray Tune (the headline ones first: the progress table shows them)
+    plus the run's privacy plan."""
+    head = {k: metrics[k] for k in ("accuracy", "loss", "epsilon_spent", "epoch") if k in metrics}
+    rest = {k: v for k, v in metrics.items()
+            if k not in head and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {**head, **rest, "noise_multiplier": trainer.plan.noise_multiplier,
+            "sample_rate": trainer.plan.sample_rate, "steps": trainer.plan.steps,
+            "noise_sqrt_steps": trainer.plan.noise_sqrt_steps, "trainable_params": trainer.trainable}

@@ -26,13 +26,13 @@ def report(metrics: dict, state: dict | None = None) -> None:
 
 def restore_state() -> dict[str, Any] | None:
     """The state saved with the trial's latest checkpoint, or None for a fresh trial."""
-    checkpoint = tune.get_checkpoint()
+    return checkpoint_state(tune.get_checkpoint())
+
+
+def checkpoint_state(checkpoint: tune.Checkpoint | None) -> dict[str, Any] | None:
+    """The state saved in a given checkpoint (driver side, e.g. a finished trial's last one)."""
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
-        return torch.load(os.path.join(directory, STATE_FILE), weights_only=False)
+        return torch.load(os.path.join(directory, STATE_FILE), weights_only=False, map_location="cpu")
 
-
-def trial_id() -> str:
-    """The running trial's id (for logs and the results store)."""
-    return tune.get_context().get_trial_id()

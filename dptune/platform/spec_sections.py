@@ -1,0 +1,56 @@
+"""The platform's sections of the sweep spec: experiment name, storage, per-trial resources, retries.
+
+```yaml
+experiment: digits-small      # folder name under storage
+storage: ./dptune-results     # local path, NFS mount, or s3://bucket/prefix
+resources: {cpu: 1, gpu: 0}   # per trial; fractional GPUs allowed (gpu: 0.25 → four trials per GPU)
+failure: {max_failures: 2}    # retries of a trial after a node or actor failure
+```
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..search_spaces.spec import Catalog, SpecError, integer, mapping, number, register_section
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: float = 1.0
+    gpu: float = 0.0
+    max_concurrent: int | None = None
+
+
+@register_section("experiment", default="default", summary="experiment name (a folder under storage)")
+def parse_experiment(value: Any, catalog: Catalog) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise SpecError(f"experiment: must be a name of letters, digits, '_', '.', '-'; got {value!r}")
+    return value
+
+
+@register_section("storage", default="./dptune-results", summary="local path, NFS path or s3://…")
+def parse_storage(value: Any, catalog: Catalog) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(f"storage: must be a path or a URI such as s3://bucket/prefix; got {value!r}")
+    return value
+
+
+@register_section("resources", default={}, summary="per-trial cpu and gpu (fractional allowed)")
+def parse_resources(value: Any, catalog: Catalog) -> Resources:
+    value = mapping(value, "resources", ("cpu", "gpu", "max_concurrent"))
+    cpu = number(value.get("cpu", 1), "resources.cpu", gt=0)
+    gpu = number(value.get("gpu", 0), "resources.gpu", ge=0)
+    if gpu > 1 and not gpu.is_integer():
+        raise SpecError(f"resources.gpu: above 1 must be a whole number of GPUs; got {gpu!r}")
+    concurrent = value.get("max_concurrent")
+    return Resources(cpu, gpu, None if concurrent is None else integer(concurrent, "resources.max_concurrent", ge=1))
+
+
+@register_section("failure", default={}, summary="max_failures: retries of a trial after a failure")
+def parse_failure(value: Any, catalog: Catalog) -> int:
+    value = mapping(value, "failure", ("max_failures",))
+    return integer(value.get("max_failures", 2), "failure.max_failures", ge=0)
