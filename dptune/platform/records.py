@@ -23,10 +23,11 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     row["private"] = math.isfinite(float(train.get("epsilon", math.inf)))
     for k in ("noise_multiplier", "sample_rate", "steps", "noise_sqrt_steps"):
         row[k] = last.get(k, meta.get(k))
-    for k in ("epsilon_spent", "accuracy", "loss", "clipped_fraction", "train_time_s", "epoch"):
-        row[k] = last.get(k)
     history = last.get("history", [])
-    row["per_class_accuracy"] = history[-1]["per_class_accuracy"] if history else None
+    final = history[-1] if history else last  # the checkpointed history is authoritative
+    for k in ("epsilon_spent", "accuracy", "loss", "clipped_fraction", "train_time_s", "epoch"):
+        row[k] = final.get(k)
+    row["per_class_accuracy"] = final.get("per_class_accuracy")
     row["config_json"] = to_json(config)
     return row
 

@@ -29,6 +29,8 @@ def dp_trainable(config: dict) -> None:
     if state is not None:
         trainer.load_state_dict(state["trainer"])
         history = state["history"]
+        if trainer.done and history:  # restored at its end (e.g. after a driver failure): report it again
+            tune_adapter.report(epoch_report(history[-1], trainer))
     while not trainer.done:
         metrics = trainer.run_epoch()
         if not math.isfinite(metrics["loss"]):

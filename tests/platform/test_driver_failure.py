@@ -1,0 +1,74 @@
+"""Driver failure: SIGKILL `dptune sweep` mid-sweep; `dptune resume` completes it exactly once."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from dptune.platform.store import ResultsStore
+
+SPEC = {
+    "experiment": "drv", "axes": {"epsilon": [2, 8], "backbone": ["mlp"], "dataset": ["digits"], "epochs": [4]},
+    "clip_bound": [0.5, 2], "batch_size": [128, 256], "learning_rate": {"reference": 1.0, "reference_batch_size": 128, "multipliers": [1]},
+    "pruning": {"min_steps": 5, "plateau_tol": 0.5, "max_batch_sizes": 2}, "search": {"algorithm": "grid"},
+    "resources": {"cpu": 1}, "failure": {"max_failures": 1},
+}
+N_TRIALS = 2 * 2 * 2  # ε × C × kept B
+
+
+def dptune(args, ray_dir, log):
+    env = {**os.environ, "RAY_TMPDIR": ray_dir}
+    return subprocess.Popen([sys.executable, "-m", "dptune", *args], stdout=log, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
+def kill_tree(ray_dir):
+    """Kill every process of the sweep's Ray instance (they all name its temporary folder)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if ray_dir in " ".join(proc.info["cmdline"] or []):
+                proc.kill()
+        except psutil.Error:
+            pass
+
+
+def test_resume_after_the_driver_is_killed(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({**SPEC, "storage": str(tmp_path / "results")}))
+    ray_dir = tempfile.mkdtemp(prefix="rt")  # short: Ray's socket paths must fit 107 characters
+    store_dir = tmp_path / "results" / "drv" / "store"
+    log = open(tmp_path / "sweep.log", "w")
+    try:
+        sweep = dptune(["sweep", str(spec), "--quiet"], ray_dir, log)
+        deadline = time.time() + 400
+        while time.time() < deadline and sweep.poll() is None:
+            if len(list((store_dir / "trials").glob("trial-*.parquet"))) >= 2:
+                break
+            time.sleep(0.2)
+        assert sweep.poll() is None, "the sweep ended before it could be killed: " + (tmp_path / "sweep.log").read_text()[-2000:]
+        os.killpg(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+        kill_tree(ray_dir)
+        before = ResultsStore(str(store_dir)).table("trials").set_index("trial_id")
+        assert 2 <= len(before) < N_TRIALS
+
+        resume = dptune(["resume", str(tmp_path / "results" / "drv")], ray_dir, log)
+        assert resume.wait(timeout=600) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    finally:
+        log.close()
+        kill_tree(ray_dir)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+    after = ResultsStore(str(store_dir)).table("trials").set_index("trial_id")
+    assert len(after) == N_TRIALS and after.index.is_unique and (after.status == "finished").all()
+    assert after.cell.nunique() == 2 and len(after.groupby(["epsilon", "clip_bound", "batch_size"])) == N_TRIALS
+    # trials that had finished before the kill were not trained again: same results, same training time
+    finished_before = before[before.status == "finished"]
+    for column in ("accuracy", "train_time_s", "epsilon_spent"):
+        assert (after.loc[finished_before.index, column] == finished_before[column]).all(), column
