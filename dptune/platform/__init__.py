@@ -1,9 +1,9 @@
 """Sweeps on Ray Tune: the trainable, launching and resuming, and the Parquet results store.
 
-Importing the package registers the platform's sections of the sweep spec (experiment, storage,
-resources, failure). Ray itself is imported only by the modules that run sweeps.
+The platform's sections of the sweep spec (experiment, storage, resources, failure) register when
+``dptune.platform.spec_sections`` is imported (the sweep and plan commands do); importing the
+store alone pulls in neither Ray nor the search spaces.
 """
-from . import spec_sections as _spec_sections  # noqa: F401  (registers the spec sections)
 from .store import ResultsStore
 
 __all__ = ["ResultsStore"]

@@ -45,7 +45,7 @@ def find_state(path: str, trial_id: str | None = None) -> str:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}")
     if trial_id:
-        trials = [d for d in glob.glob(os.path.join(path, f"*_{trial_id}_*")) if os.path.isdir(d)]
+        trials = sorted(d for d in glob.glob(os.path.join(path, f"*_{trial_id}_*")) if os.path.isdir(d))
         if not trials:
             raise FileNotFoundError(f"no trial folder for trial {trial_id!r} under {path!r}")
         path = trials[0]

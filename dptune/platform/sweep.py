@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 from ray import tune
 
 from ..search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
+from . import spec_sections  # noqa: F401  (registers the platform's spec sections)
 from .catalog import trainables_catalog
 from .launcher import RunSettings, absolute_storage, resourced, run_config, start_ray
 from .store import ResultsStore

@@ -1,0 +1,370 @@
+"""`dptune heatmap` and `dptune report`: figure files, and one self-contained HTML page.
+
+The report embeds every figure as a base64 PNG, so the single ``report.html`` can be mailed or
+archived. Sections: the sweep summary, the optimal (C, B, η) per cell with the cost of one fixed
+setting, the heatmaps, the σ√T noise curves, the per-class gradient norms and retention weights
+(labelled NOT differentially private), and the errored trials.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence, TextIO
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..platform.store import ResultsStore
+from . import figures
+from .gradnorms import QUANTILE_COLUMNS, class_norms
+from .noise import MIN_STEPS, PLATEAU_TOL, cell_noise_curves
+from .results import Sweep, fmt
+
+
+@dataclass
+class Analysis:
+    """Every table the figures and the report are drawn from."""
+
+    sweep: Sweep
+    across: str
+    heatmap: pd.DataFrame
+    optima: pd.DataFrame
+    fixed_setting: tuple[float, float] | None
+    fixed_cost: pd.DataFrame | None
+    notes: list[str] = field(default_factory=list)
+    noise_curves: pd.DataFrame | None = None
+    norms: pd.DataFrame | None = None
+
+
+def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float, float] | None = None,
+            noise: bool = True, noise_batch_sizes: Sequence[int] | None = None, min_steps: int = MIN_STEPS,
+            plateau_tol: float = PLATEAU_TOL, gradnorms: bool = True) -> Analysis:
+    """Read the store and compute the tables (noise curves and gradient norms on request)."""
+    sweep = Sweep.from_store(store)
+    if sweep.trials.empty:
+        raise ValueError(f"the results store at {store.root!r} has no trials yet")
+    if across not in sweep.cell_columns:
+        raise ValueError(f"--across must be one of {', '.join(sweep.cell_columns)}; got {across!r}")
+    result = Analysis(sweep, across, sweep.heatmap_table(), sweep.optima(), None, None)
+    try:
+        result.fixed_setting, result.fixed_cost = sweep.fixed_setting_cost(*(fixed or (None, None)))
+    except ValueError as exc:
+        if fixed:
+            raise
+        result.notes.append(f"cost of a fixed setting: {exc}")
+    if noise:
+        result.noise_curves, notes = cell_noise_curves(sweep, batch_sizes=noise_batch_sizes, min_steps=min_steps,
+                                                       plateau_tol=plateau_tol)
+        result.notes += notes
+    if gradnorms:
+        result.norms = class_norms(sweep, store.table("gradnorms"))
+    return result
+
+
+def _slug(text: str) -> str:
+    text = text.replace("ε", "eps").replace("∞", "inf").replace(" epochs", "ep").replace(" epoch", "ep")
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_") or "all"
+
+
+def _baseline_for(a: Analysis, cell: pd.Series) -> float | None:
+    """Best accuracy of the cell's non-private sibling (same cell at ε = ∞), if the sweep ran one."""
+    rest = [c for c in a.sweep.cell_columns if c != "epsilon"]
+    key = tuple(cell[c] for c in rest)
+    for _, other in a.optima[~a.optima["private"]].iterrows():
+        if tuple(other[c] for c in rest) == key and pd.notna(other["accuracy"]):
+            return float(other["accuracy"])
+    return None
+
+
+def heatmap_figures(a: Analysis) -> list[tuple[str, Figure]]:
+    """(facet name, figure) for every group of private cells across ``a.across``."""
+    out = []
+    for facet, cells in a.sweep.facets(a.across):
+        baseline = _baseline_for(a, cells.iloc[0]) if a.across == "epsilon" else None
+        out.append((facet, figures.heatmap_figure(a.heatmap, cells, facet, across=a.across, baseline=baseline)))
+    return out
+
+
+def optimum_lines(optima: pd.DataFrame) -> list[str]:
+    """One line per cell: its optimal (C, B, η) and accuracy."""
+    lines = []
+    for _, r in optima.iterrows():
+        if pd.isna(r["accuracy"]):
+            lines.append(f"{r['cell_name']}: no finished trial")
+            continue
+        clip = f"C={fmt(r['clip_bound'])}" if r["private"] else "no clipping"
+        lines.append(f"{r['cell_name']}: {clip}, B={fmt(r['batch_size'])}, η={fmt(r['learning_rate'])}: "
+                     f"accuracy {r['accuracy']:.4f} (mean of {int(r['seeds'])} seed(s))")
+    return lines
+
+
+def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "epsilon",
+                   fixed: tuple[float, float] | None = None, out: TextIO | None = None) -> list[Path]:
+    """Heatmaps (PNG and SVG) per facet, the fixed-setting cost chart, and their tables as CSV;
+    with ``out``, also print each cell's optimum there."""
+    a = analyse(store, across=across, fixed=fixed, noise=False, gradnorms=False)
+    for line in optimum_lines(a.optima) if out is not None else ():
+        print(line, file=out)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for facet, fig in heatmap_figures(a):
+        paths += figures.save(fig, out / f"heatmap_{_slug(facet)}")
+    a.heatmap.to_csv(out / "heatmap.csv", index=False)
+    a.optima.to_csv(out / "optima.csv", index=False)
+    paths += [out / "heatmap.csv", out / "optima.csv"]
+    if a.fixed_cost is not None:
+        paths += figures.save(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting), out / "fixed_setting_cost")
+        a.fixed_cost.to_csv(out / "fixed_setting_cost.csv", index=False)
+        paths.append(out / "fixed_setting_cost.csv")
+    return paths
+
+
+# -- HTML ----------------------------------------------------------------------------------------
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #1d2433;
+       background: #f6f7f9; line-height: 1.45; }
+main { max-width: 1280px; margin: 0 auto; padding: 24px 32px 64px; }
+h1 { margin: 0 0 4px; font-size: 26px; } h2 { margin-top: 40px; border-bottom: 2px solid #d8dde6;
+     padding-bottom: 4px; } h3 { margin: 24px 0 8px; font-size: 16px; }
+.meta { color: #5b6475; margin: 0 0 12px; }
+nav a { margin-right: 14px; color: #2457c5; text-decoration: none; }
+table { border-collapse: collapse; background: white; font-size: 13px; margin: 8px 0 16px;
+        box-shadow: 0 1px 2px rgba(0,0,0,.06); }
+th, td { padding: 5px 10px; border-bottom: 1px solid #e4e7ec; text-align: left; white-space: nowrap; }
+th { background: #eef1f6; position: sticky; top: 0; }
+.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.wrap { white-space: normal; max-width: 560px; }
+figure { margin: 12px 0 24px; background: white; padding: 12px; box-shadow: 0 1px 2px rgba(0,0,0,.06); }
+figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
+figcaption { color: #5b6475; font-size: 13px; margin-top: 6px; }
+.nonprivate { border-left: 5px solid #d97706; padding-left: 16px; }
+.badge { background: #d97706; color: white; font-size: 12px; padding: 2px 8px; border-radius: 10px;
+         vertical-align: middle; margin-left: 8px; }
+.warning { background: #fff4e0; border: 1px solid #f3c98b; padding: 8px 12px; border-radius: 4px; }
+.note { color: #5b6475; font-size: 13px; }
+.scroll { overflow-x: auto; }
+"""
+
+
+def _table(frame: pd.DataFrame, wrap: Sequence[str] = ()) -> str:
+    """An HTML table (everything escaped); numeric columns right-aligned, ``wrap`` columns wrapped."""
+    texts = frame.apply(lambda column: column.map(_cell_text)) if len(frame) else frame
+    style = {c: "num" if len(texts) and texts[c].map(_numeric).all() else "wrap" if c in wrap else ""
+             for c in frame.columns}
+
+    def attr(column: str) -> str:
+        return f' class="{style[column]}"' if style[column] else ""
+
+    head = "".join(f"<th{attr(c)}>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td{attr(c)}>{html.escape(v)}</td>" for c, v in zip(frame.columns, row))
+                   + "</tr>" for row in texts.itertuples(index=False))
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?( pts)?|∞|—")
+
+
+def _numeric(text: str) -> bool:
+    """A number, a number of points, ∞, or a dash for a missing number."""
+    return NUMBER.fullmatch(text) is not None
+
+
+def _cell_text(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, (float, np.floating)):
+        return fmt(float(value)) if float(value).is_integer() or math.isinf(value) else f"{value:.4g}"
+    return str(value)
+
+
+def _acc(value: object) -> str:
+    return "—" if value is None or pd.isna(value) else f"{float(value):.3f}"
+
+
+def _figure_html(fig: Figure, alt: str, caption: str) -> str:
+    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{figures.png_base64(fig)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _summary_section(a: Analysis) -> str:
+    s = a.sweep.summary()
+    for col in ("best accuracy", "median accuracy"):
+        s[col] = s[col].map(_acc)
+    if "train time (s)" in s:
+        s["train time (s)"] = s["train time (s)"].map(lambda v: f"{v:.1f}")
+    return "<h2 id='summary'>Sweep summary</h2>" + _table(s, wrap=("C", "B", "η"))
+
+
+def _optima_section(a: Analysis) -> str:
+    o = a.optima
+    rows = []
+    for _, r in o.iterrows():
+        baseline = _baseline_for(a, r) if r["private"] else None
+        row = {"cell": r["cell_name"], "C": "— (no clipping)" if not r["private"] else _cell_text(r["clip_bound"]),
+               "B": _cell_text(r["batch_size"]), "η": _cell_text(r["learning_rate"]),
+               "accuracy": _acc(r["accuracy"]), "seeds": _cell_text(r.get("seeds")),
+               "σ": _cell_text(r.get("noise_multiplier")) if r["private"] else "0",
+               "T": _cell_text(r.get("steps")),
+               "σ√T": _cell_text(r.get("noise_sqrt_steps")) if r["private"] else "0",
+               "clipped": _acc(r.get("clipped_fraction")) if r["private"] else "—",
+               "non-private": _acc(baseline)}
+        if a.fixed_cost is not None:
+            fixed = a.fixed_cost[a.fixed_cost["cell_name"] == r["cell_name"]]
+            row["at fixed (C, B)"] = _acc(fixed["fixed_accuracy"].iloc[0]) if len(fixed) else "—"
+            row["cost"] = (f"{100 * fixed['cost'].iloc[0]:.1f} pts"
+                           if len(fixed) and pd.notna(fixed["cost"].iloc[0]) else "—")
+        rows.append(row)
+    parts = ["<h2 id='optima'>Optimal (C, B, η) per cell</h2>",
+             "<p class='note'>Mean test accuracy over seeds at the best setting of each cell (ties: smaller C, "
+             "then B, then η); σ, T, σ√T and the share of per-sample gradients clipped during training are those "
+             "of that setting. Non-private: the accuracy of the same cell without DP.</p>", _table(pd.DataFrame(rows))]
+    if a.fixed_cost is not None:
+        parts.append(_figure_html(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting), "cost of a fixed setting",
+                                  _fixed_caption(a)))
+    return "".join(parts)
+
+
+def _fixed_caption(a: Analysis) -> str:
+    """What the fixed-setting chart shows, with its largest loss (data, not a claim)."""
+    c, b = a.fixed_setting
+    cost = a.fixed_cost["cost"].dropna()
+    text = (f"One global setting C={fmt(c)}, B={fmt(b)} (the best on average among the settings run in the most "
+            "cells, unless --fixed was given; η still tuned per cell) against each cell's optimal (C, B, η). ")
+    missing = int(a.fixed_cost["fixed_accuracy"].isna().sum())
+    if missing:
+        text += f"It was not run in {missing} cell(s). "
+    if cost.empty or cost.max() <= 0:
+        return text + "Here it is optimal in every cell where it was run."
+    worst = a.fixed_cost.loc[cost.idxmax()]
+    return text + (f"It is optimal in {int((cost <= 0).sum())} of {len(cost)} cell(s) and loses up to "
+                   f"{100 * cost.max():.1f} accuracy points ({worst['cell_name']}).")
+
+
+def _heatmap_section(a: Analysis) -> str:
+    parts = ["<h2 id='heatmaps'>Heatmaps of the best accuracy over η</h2>"]
+    figs = heatmap_figures(a)
+    if not figs:
+        parts.append("<p class='note'>No private cells: nothing to draw.</p>")
+    for facet, fig in figs:
+        parts.append(f"<h3>{html.escape(facet)}</h3>")
+        parts.append(_figure_html(fig, f"heatmap {facet}",
+                                  "Each panel is one cell; colour: best mean accuracy over η for each (C, B) "
+                                  "(log axes); grey: not run, or only errored trials (marked error); ★: the "
+                                  "cell's optimum with its η."))
+    return "".join(parts)
+
+
+def _noise_section(a: Analysis, min_steps: int, plateau_tol: float) -> str:
+    parts = ["<h2 id='noise'>Cumulative DP noise σ√T against B</h2>",
+             f"<p class='note'>σ calibrated with the PRV accountant for each B at the cell's ε, δ and epochs "
+             f"(T = ⌈E·N/B⌉). Grey: fewer than {min_steps} steps (minimum-step floor). Band: within "
+             f"{plateau_tol:.0%} of the smallest σ√T above the floor (the plateau); the smallest B on it is "
+             f"recommended.</p>"]
+    if a.noise_curves is None or a.noise_curves.empty:
+        parts.append("<p class='note'>No noise curves (no private cell with a recorded sample rate).</p>")
+        return "".join(parts)
+    for facet, cells in a.sweep.facets(a.across):
+        cells = cells[cells["cell_name"].isin(a.noise_curves["cell_name"])]
+        if cells.empty:
+            continue
+        fig = figures.noise_figure(a.noise_curves, cells, facet, a.optima, min_steps=min_steps,
+                                   plateau_tol=plateau_tol)
+        parts.append(f"<h3>{html.escape(facet)}</h3>" + _figure_html(fig, f"noise curves {facet}",
+                                                                  "σ√T per B; × marks the Bs the sweep ran."))
+    return "".join(parts)
+
+
+def _gradnorm_section(a: Analysis) -> str:
+    parts = ["<section class='nonprivate'><h2 id='gradnorms'>Per-class gradient norms and retention"
+             "<span class='badge'>NOT differentially private</span></h2>",
+             "<p class='warning'><b>Not differentially private.</b> Everything in this section is computed from "
+             "the private training examples (per-sample gradient norms recorded during training). Do not publish "
+             "it as if it were protected by the trials' (ε, δ).</p>",
+             "<p class='note'>Trials at each cell's optimal (C, B, η), all seeds and epochs pooled; quantiles and "
+             "retention w_y(C) = mean over class y of min(1, C/‖g_i‖) are read off histograms with 4 log bins per "
+             "decade.</p>"]
+    norms = a.norms
+    if norms is None or norms.empty:
+        parts.append("<p class='note'>No gradient-norm statistics in the store.</p></section>")
+        return "".join(parts)
+    for facet, cells in a.sweep.facets(a.across):
+        cells = cells[cells["cell_name"].isin(norms["cell_name"])]
+        if cells.empty:
+            continue
+        parts.append(f"<h3>{html.escape(facet)}</h3>")
+        parts.append(_figure_html(figures.gradnorm_figure(norms, cells, facet, across=a.across),
+                                  f"gradient norms {facet}",
+                                  "Per class: 10–90% (thin) and 25–75% (thick) of the per-sample norms, median "
+                                  "(dot); right: share clipped at the cell's optimal C."))
+        parts.append(_figure_html(figures.retention_figure(norms, cells, facet), f"retention {facet}",
+                                  "How much of each class's gradient survives clipping at C; small C "
+                                  "down-weights the classes with large norms."))
+    table = norms[["cell_name", "label", "count", "clipped_fraction", *QUANTILE_COLUMNS, "clip_bound"]].copy()
+    table["clipped_fraction"] = table["clipped_fraction"].map(_acc)
+    table = table.rename(columns={"cell_name": "cell", "clip_bound": "C", "clipped_fraction": "clipped"})
+    parts.append("<details><summary>Per-class table</summary>" + _table(table) + "</details></section>")
+    return "".join(parts)
+
+
+def _errors_section(a: Analysis) -> str:
+    errors = a.sweep.errors()
+    parts = ["<h2 id='errors'>Errored trials</h2>"]
+    if errors.empty:
+        return parts[0] + "<p class='note'>None.</p>"
+    errors = errors.rename(columns={"cell_name": "cell", "clip_bound": "C", "batch_size": "B",
+                                    "learning_rate": "η"})
+    errors["error"] = errors["error"].fillna("").map(lambda e: e if len(e) <= 240 else e[:237] + "…")
+    return parts[0] + _table(errors, wrap=("error",))
+
+
+def build_report(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float, float] | None = None,
+                 noise_batch_sizes: Sequence[int] | None = None, min_steps: int = MIN_STEPS,
+                 plateau_tol: float = PLATEAU_TOL) -> str:
+    """The report page as one HTML string (figures embedded as base64 PNG)."""
+    a = analyse(store, across=across, fixed=fixed, noise_batch_sizes=noise_batch_sizes, min_steps=min_steps,
+                plateau_tol=plateau_tol)
+    t = a.sweep.trials
+    names = t["experiment"].dropna().unique() if "experiment" in t else []
+    experiment = ", ".join(map(str, names)) or store.root
+    counts = t["status"].value_counts()
+    status = ", ".join(f"{n} {s}" for s, n in counts.items())
+    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in a.notes)
+    body = [f"<h1>dptune report: {html.escape(experiment)}</h1>",
+            f"<p class='meta'>{len(t)} trials ({html.escape(status)}) in {len(a.sweep.cells())} cells · store "
+            f"<code>{html.escape(store.root)}</code> · generated {html.escape(now)}</p>",
+            "<nav><a href='#summary'>Summary</a><a href='#optima'>Optima</a><a href='#heatmaps'>Heatmaps</a>"
+            "<a href='#noise'>Noise curves</a><a href='#gradnorms'>Gradient norms (non-private)</a>"
+            "<a href='#errors'>Errors</a></nav>",
+            f"<ul class='note'>{notes}</ul>" if notes else "",
+            _summary_section(a), _optima_section(a), _heatmap_section(a), _noise_section(a, min_steps, plateau_tol),
+            _gradnorm_section(a), _errors_section(a)]
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>dptune report: {html.escape(experiment)}</title><style>{STYLE}</style></head>"
+            f"<body><main>{''.join(body)}</main></body></html>")
+
+
+def write_report(store: ResultsStore, out_dir: str | Path, **options: object) -> Path:
+    """Write ``report.html`` under ``out_dir`` (see :func:`build_report` for the options)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.html"
+    tmp = out / f".report.html.{os.getpid()}.tmp"
+    tmp.write_text(build_report(store, **options), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def default_out_dir(store_root: str) -> str:
+    """``<experiment>/analysis`` beside a local store, ``./dptune-analysis`` for a remote one."""
+    if "://" in store_root:
+        return "./dptune-analysis"
+    return os.path.join(os.path.dirname(os.path.abspath(store_root.rstrip("/"))), "analysis")

@@ -1,0 +1,231 @@
+"""The sweep as tables: cells, best accuracy over η per (C, B), optima, cost of a fixed setting.
+
+A **cell** is one point of the difficulty axes (dataset × backbone × ε × epochs, DESIGN.md) plus
+any training option that takes more than one value in the store (optimizer, δ, clipping function,
+norm estimator, …), so trials that differ only in C, B, η and seed share a cell. Accuracies of
+seeds of the same (C, B, η) are averaged before the best η is taken. Non-private rows (ε stored as
+NULL) form their own cells at ε = ∞; they have no clipping, so they get no C × B heatmap but are
+listed as baselines. Errored trials are counted, never used as results.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from ..platform.store import ResultsStore
+
+CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
+#: Training options that split cells when they vary within a store (NULL means the default).
+OPTION_COLUMNS = ("delta", "optimizer", "momentum", "clip_fn", "norm_estimator", "sketch_k", "denoise", "peft")
+HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate")
+#: DESIGN.md: δ = 1e-5 unless set (a NULL delta in the store is the default).
+DEFAULT_DELTA = 1e-5
+DEFAULT_LABEL = "default"
+
+
+def fmt(value: object) -> str:
+    """A short label for an axis or hyperparameter value (ε = ∞ for non-private)."""
+    if isinstance(value, (float, np.floating)):
+        return "∞" if math.isinf(value) else f"{value:g}"
+    return str(value)
+
+
+def _cell_name(key: dict) -> str:
+    parts = []
+    for column, value in key.items():
+        if column == "epsilon":
+            parts.append(f"ε={fmt(value)}" + (" (non-private)" if math.isinf(value) else ""))
+        elif column == "epochs":
+            parts.append(f"{fmt(value)} epoch" + ("" if value == 1 else "s"))
+        elif column in ("dataset", "backbone"):
+            parts.append(fmt(value))
+        else:
+            parts.append(f"{column}={fmt(value)}")
+    return " · ".join(parts)
+
+
+@dataclass
+class Sweep:
+    """The ``trials`` view normalised for analysis; every table of the report is a method."""
+
+    trials: pd.DataFrame
+    cell_columns: tuple[str, ...]
+
+    @classmethod
+    def from_store(cls, store: ResultsStore) -> "Sweep":
+        """Read the ``trials`` view through the store's public reader."""
+        return cls.from_frame(store.table("trials"))
+
+    @classmethod
+    def from_frame(cls, trials: pd.DataFrame) -> "Sweep":
+        """Normalise a ``trials`` frame: ε = ∞ for non-private rows, defaults for NULL options,
+        and a ``cell_name`` column naming each trial's cell."""
+        t = trials.copy()
+        for column in CELL_AXES + OPTION_COLUMNS + HYPERPARAMETERS + ("accuracy", "status", "private"):
+            if column not in t:
+                t[column] = None
+        if t["backbone"].isna().all() and "model" in t:
+            t["backbone"] = t["model"]
+        private = t["private"].astype("boolean").fillna(t["epsilon"].notna())
+        t["private"] = private.astype(bool) & t["epsilon"].notna()
+        t["epsilon"] = np.where(t["private"], pd.to_numeric(t["epsilon"], errors="coerce"), np.inf)
+        for column in HYPERPARAMETERS + ("accuracy", "epochs"):
+            t[column] = pd.to_numeric(t[column], errors="coerce").astype(float)
+        t["accuracy"] = t["accuracy"].where(t["status"] == "finished")  # an errored trial has no result
+        for column in ("dataset", "backbone"):
+            t[column] = t[column].astype(object).where(t[column].notna(), "?")
+        varying = []
+        for column in OPTION_COLUMNS:
+            t[column] = t[column].astype(object).where(t[column].notna(), DEFAULT_LABEL)
+            if t[column].map(fmt).nunique() > 1:
+                varying.append(column)
+                t[column] = t[column].map(fmt)
+        cell_columns = CELL_AXES + tuple(varying)
+        t["cell_name"] = [_cell_name(dict(zip(cell_columns, row)))
+                          for row in t[list(cell_columns)].itertuples(index=False)]
+        return cls(t.reset_index(drop=True), cell_columns)
+
+    # -- cells ---------------------------------------------------------------------------------
+    def cells(self) -> pd.DataFrame:
+        """One row per cell: its axis values and name, private cells first, ordered by the axes."""
+        cols = list(self.cell_columns)
+        cells = self.trials.drop_duplicates("cell_name")[cols + ["cell_name", "private"]]
+        return cells.sort_values(["private"] + cols, ascending=[False] + [True] * len(cols)).reset_index(drop=True)
+
+    def facets(self, across: str, *, private_only: bool = True) -> Iterator[tuple[str, pd.DataFrame]]:
+        """Groups of cells that differ only in ``across``: (facet name, cells ordered by ``across``)."""
+        if across not in self.cell_columns:
+            raise ValueError(f"--across must be one of {', '.join(self.cell_columns)}; got {across!r}")
+        cells = self.cells()
+        if private_only:
+            cells = cells[cells["private"]]
+        rest = [c for c in self.cell_columns if c != across]
+        if not rest:
+            yield "all cells", cells.sort_values(across).reset_index(drop=True)
+            return
+        for _, group in cells.groupby(rest, sort=True, dropna=False):
+            name = _cell_name(dict(zip(rest, group[rest].iloc[0])))
+            yield name, group.sort_values(across).reset_index(drop=True)
+
+    # -- results ---------------------------------------------------------------------------------
+    def finished(self) -> pd.DataFrame:
+        """Trials with a result (status finished and an accuracy)."""
+        return self.trials[self.trials["accuracy"].notna()]
+
+    def heatmap_table(self) -> pd.DataFrame:
+        """Per private cell and (C, B): the best mean accuracy over η and that η.
+
+        Seeds of one (C, B, η) are averaged first. A (C, B) whose trials all errored is kept with
+        accuracy NaN and its error count, so a figure can mark it.
+        """
+        private = self.trials[self.trials["private"]]
+        keys = ["cell_name", "clip_bound", "batch_size"]
+        per_lr = (private[private["accuracy"].notna()]
+                  .groupby(keys + ["learning_rate"], dropna=False)
+                  .agg(accuracy=("accuracy", "mean"), seeds=("accuracy", "size")).reset_index()
+                  .sort_values(keys + ["learning_rate"]))
+        best = per_lr.loc[per_lr.groupby(keys)["accuracy"].idxmax()] if len(per_lr) else per_lr
+        counts = per_lr.groupby(keys).size().rename("learning_rates")
+        errored = (private.assign(errored=private["status"] == "error").groupby(keys)["errored"].sum())
+        table = (errored.to_frame().join(best.set_index(keys)).join(counts).reset_index())
+        table["learning_rates"] = table["learning_rates"].fillna(0).astype(int)
+        table["seeds"] = table["seeds"].fillna(0).astype(int)
+        table["errored"] = table["errored"].astype(int)
+        return table.sort_values(keys).reset_index(drop=True)
+
+    def optima(self) -> pd.DataFrame:
+        """Per cell, the best (C, B, η) and its mean accuracy, with σ, T and σ√T of that setting.
+
+        Ties go to the smaller C, then B, then η. Non-private cells optimise (B, η) only (C: NaN).
+        """
+        done = self.finished()
+        settings = ["cell_name", "clip_bound", "batch_size", "learning_rate"]
+        done = done.assign(clip_bound=done["clip_bound"].where(done["private"]))
+        extra = {c: (c, "mean") for c in ("noise_multiplier", "steps", "noise_sqrt_steps", "clipped_fraction")
+                 if c in done}
+        per_setting = (done.groupby(settings, dropna=False)
+                       .agg(accuracy=("accuracy", "mean"), seeds=("accuracy", "size"), **extra)
+                       .reset_index().sort_values(settings))
+        if per_setting.empty:
+            return per_setting.assign(private=pd.Series(dtype=bool))
+        best = per_setting.loc[per_setting.groupby("cell_name")["accuracy"].idxmax()]
+        cells = self.cells()
+        return cells.merge(best, on="cell_name", how="left")
+
+    def fixed_setting_cost(self, clip_bound: float | None = None,
+                           batch_size: float | None = None) -> tuple[tuple[float, float], pd.DataFrame]:
+        """Accuracy of one global (C, B) (η still tuned per cell) against each private cell's optimum.
+
+        By default the global setting is the (C, B) with the best mean accuracy among those run in
+        the most cells, the best a practitioner could do with a single fixed setting. Returns the
+        setting and one row per private cell: optimum, fixed accuracy (NaN where not run), cost.
+        """
+        table = self.heatmap_table().dropna(subset=["accuracy"])
+        if table.empty:
+            raise ValueError("no finished private trials: nothing to compare")
+        if (clip_bound is None) != (batch_size is None):
+            raise ValueError("give both the clipping bound and the batch size of the fixed setting, or neither")
+        if clip_bound is None:
+            stats = table.groupby(["clip_bound", "batch_size"])["accuracy"].agg(["size", "mean"]).reset_index()
+            stats = stats[stats["size"] == stats["size"].max()].sort_values(["mean", "clip_bound", "batch_size"],
+                                                                            ascending=[False, True, True])
+            clip_bound, batch_size = float(stats["clip_bound"].iloc[0]), float(stats["batch_size"].iloc[0])
+        at = table[np.isclose(table["clip_bound"], clip_bound) & np.isclose(table["batch_size"], batch_size)]
+        if at.empty:
+            raise ValueError(f"the fixed setting C={clip_bound:g}, B={batch_size:g} was not run in any cell")
+        optima = self.optima()
+        optima = optima[optima["private"] & optima["accuracy"].notna()]
+        out = optima[["cell_name", "clip_bound", "batch_size", "learning_rate", "accuracy"]].merge(
+            at[["cell_name", "learning_rate", "accuracy"]].rename(
+                columns={"learning_rate": "fixed_learning_rate", "accuracy": "fixed_accuracy"}),
+            on="cell_name", how="left")
+        out["cost"] = out["accuracy"] - out["fixed_accuracy"]
+        return (clip_bound, batch_size), out.reset_index(drop=True)
+
+    def summary(self) -> pd.DataFrame:
+        """Per cell: trial counts by status, the C, B and η values tried, best and median accuracy."""
+        rows = []
+        for _, cell in self.cells().iterrows():
+            t = self.trials[self.trials["cell_name"] == cell["cell_name"]]
+            acc = t["accuracy"].dropna()
+            row = {"cell": cell["cell_name"], "trials": len(t),
+                   "finished": int((t["status"] == "finished").sum()),
+                   "errored": int((t["status"] == "error").sum()),
+                   "C": _values(t["clip_bound"]) if cell["private"] else "— (no clipping)",
+                   "B": _values(t["batch_size"]), "η": _values(t["learning_rate"]),
+                   "best accuracy": acc.max() if len(acc) else np.nan,
+                   "median accuracy": acc.median() if len(acc) else np.nan}
+            if "train_time_s" in t:
+                row["train time (s)"] = float(pd.to_numeric(t["train_time_s"], errors="coerce").sum())
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def errors(self) -> pd.DataFrame:
+        """The errored trials: cell, (C, B, η) and the error message."""
+        t = self.trials[self.trials["status"] == "error"]
+        cols = ["trial_id", "cell_name", "clip_bound", "batch_size", "learning_rate", "error"]
+        return t.reindex(columns=cols).reset_index(drop=True)
+
+    def dataset_size(self, cell_name: str) -> int | None:
+        """N of a cell's training set, from B and q = B/N of its trials (None if none recorded)."""
+        t = self.trials[self.trials["cell_name"] == cell_name]
+        if "sample_rate" not in t:
+            return None
+        q = pd.to_numeric(t["sample_rate"], errors="coerce")
+        n = (t["batch_size"] / q)[q > 0].dropna()
+        return int(round(float(n.median()))) if len(n) else None
+
+    def cell_option(self, cell_name: str, column: str, default: object = None) -> object:
+        """A cell's value of a training option (``default`` where the store has NULL)."""
+        values = self.trials.loc[self.trials["cell_name"] == cell_name, column]
+        value = values.iloc[0] if len(values) else DEFAULT_LABEL
+        return default if value == DEFAULT_LABEL or value is None else value
+
+
+def _values(column: pd.Series) -> str:
+    values = sorted(v for v in column.dropna().unique())
+    return ", ".join(fmt(float(v)) for v in values) if values else "—"

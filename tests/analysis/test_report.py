@@ -1,0 +1,177 @@
+"""`dptune report`, `dptune heatmap` and `dptune optimal-clip` on a small real sweep (local Ray)."""
+import base64
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+import ray
+from PIL import Image
+
+from dptune.analysis import optimal_clip
+from dptune.cli import main
+from dptune.platform.launcher import RunSettings, run_trials
+from dptune.platform.store import ResultsStore
+
+pytestmark = pytest.mark.slow
+
+EPSILONS = (2.0, 8.0)
+CELLS = [f"digits · mlp · ε={eps:g} · 1 epoch" for eps in EPSILONS]
+CELLS.append("digits · mlp · ε=∞ (non-private) · 1 epoch")
+
+
+def spec(**train):
+    base = {"dataset": "digits", "model": "mlp", "epsilon": 8.0, "epochs": 1, "batch_size": 200,
+            "learning_rate": 1.0, "clip_bound": 1.0, "seed": 0, "model_options": {"hidden": 32}}
+    base.update(train)
+    return {"train": base, "meta": {"cell": f"digits|mlp|eps={base['epsilon']}"}}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Two ε cells × two C at one B and one η, a non-private baseline and a trial that diverges."""
+    root = tmp_path_factory.mktemp("report")
+    trials = [spec(epsilon=eps, clip_bound=c) for eps in EPSILONS for c in (0.5, 2.0)]
+    trials += [spec(epsilon=math.inf, learning_rate=0.1), spec(epsilon=2.0, learning_rate=1e38)]
+    settings = RunSettings(experiment="small", storage=str(root), max_failures=0, verbose=0)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             logging_level="ERROR")
+    try:
+        run_trials(trials, settings)
+    finally:
+        ray.shutdown()
+    return settings
+
+
+class Page(HTMLParser):
+    """The tables (as lists of rows of cell texts, by preceding h2 id) and img sources of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.images: list[str] = []
+        self.section = ""
+        self.row: list[str] | None = None
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "h2":
+            self.section = attrs.get("id", "")
+        elif tag == "img":
+            self.images.append(attrs["src"])
+        elif tag == "table":
+            self.tables.setdefault(self.section, [])
+        elif tag == "tr":
+            self.row = []
+        elif tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.row is not None:
+            self.row.append("".join(self.cell).strip())
+            self.cell = None
+        elif tag == "tr" and self.row is not None:
+            self.tables[self.section].append(self.row)
+            self.row = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def report(sweep, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    code = main(["report", "--store", sweep.experiment_path, "--out", str(out), "--noise-batch-sizes", "100"],
+                out=io.StringIO())
+    assert code == 0
+    return out / "report.html"
+
+
+def test_report_images_decode_and_tables_list_every_cell(report):
+    page = Page()
+    page.feed(report.read_text(encoding="utf-8"))
+    # heatmaps, fixed-setting cost, noise curves, gradient norms, retention
+    assert len(page.images) >= 5
+    for src in page.images:
+        assert src.startswith("data:image/png;base64,")  # self-contained: nothing to fetch
+        img = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+        img.load()
+        assert img.width > 300 and img.height > 150
+        assert len(np.unique(np.asarray(img.convert("L")))) > 20  # a drawing, not a flat image
+    for section in ("summary", "optima"):
+        _, *rows = page.tables[section]
+        assert sorted(r[0] for r in rows) == sorted(CELLS)
+    optima = {r[0]: dict(zip(page.tables["optima"][0], r)) for r in page.tables["optima"][1:]}
+    assert optima[CELLS[-1]]["C"] == "— (no clipping)"
+    assert optima[CELLS[0]]["C"] in ("0.5", "2") and optima[CELLS[0]]["B"] == "200"
+    errors = page.tables["errors"]
+    assert len(errors) == 2 and "1e+38" in errors[1] and ("TrialDiverged" in errors[1][-1] or "loss" in errors[1][-1])
+    text = report.read_text(encoding="utf-8")
+    assert "NOT differentially private" in text and "<script" not in text
+
+
+def test_heatmap_command_writes_png_and_svg_per_facet(sweep, tmp_path):
+    buf = io.StringIO()
+    assert main(["heatmap", "--store", sweep.experiment_path, "--out", str(tmp_path)], out=buf) == 0
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {"heatmap_digits_mlp_1ep.png", "heatmap_digits_mlp_1ep.svg", "fixed_setting_cost.png",
+            "heatmap.csv", "optima.csv"} <= files
+    text = buf.getvalue()
+    assert all(cell in text for cell in CELLS)
+    assert main(["heatmap", "--store", sweep.experiment_path, "--out", str(tmp_path), "--across", "nope"]) == 2
+
+
+def test_optimal_clip_at_a_checkpoint(sweep, tmp_path):
+    trials = ResultsStore(sweep.store_root).query(
+        "SELECT trial_id, clip_bound FROM trials WHERE status = 'finished' AND epsilon = 2 ORDER BY clip_bound")
+    trial_id = trials.trial_id[0]
+    buf = io.StringIO()
+    grads_file = tmp_path / "grads.npz"
+    assert main(["optimal-clip", sweep.experiment_path, "--trial", trial_id, "--out", str(tmp_path),
+                 "--save-grads", str(grads_file)], out=buf) == 0
+    text = buf.getvalue()
+    assert text.startswith("NON-PRIVATE DIAGNOSTIC")
+    record = json.loads((tmp_path / "optimal_clip.json").read_text())
+    saved = np.load(grads_file)
+    assert saved["grads"].shape[0] == 200 == record["n"]  # one expected batch B of the trial
+    assert record["nonprivate"] and record["given"]["clip_bound"] == 0.5
+    assert record["c_star"] == pytest.approx(optimal_clip(saved["grads"], float(saved["noise_multiplier"])))
+    assert record["optimal"]["mse"] <= record["given"]["mse"]
+    assert (tmp_path / "optimal_clip.png").stat().st_size > 10_000
+    buf = io.StringIO()
+    assert main(["optimal-clip", "--grads", str(grads_file), "--sigma", "0"], out=buf) == 0
+    assert "σ = 0;" in buf.getvalue()
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no headless browser: install chromium (apt-get install chromium)")
+def test_headless_browser_screenshot_is_not_blank(report, tmp_path):
+    shot = tmp_path / "shot.png"
+    subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,4000", f"--screenshot={shot}",
+                    report.as_uri()], check=True, capture_output=True, timeout=120,
+                   env={**os.environ, "HOME": str(tmp_path)})
+    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    background = np.median(pixels.reshape(-1, 3), axis=0)
+    drawn = np.abs(pixels - background).sum(axis=2) > 30
+    assert drawn.mean() > 0.08  # text, tables and figures cover the page (text alone: about 4%)
+    hsv = np.asarray(Image.open(shot).convert("HSV")).astype(int)
+    colourful = (hsv[..., 1] > 100) & (hsv[..., 2] > 60)
+    assert colourful.mean() > 0.02  # the figures were decoded and drawn (without them: about 0.2%)
+    rows = drawn.mean(axis=1)
+    assert (rows[:600] > 0).mean() > 0.3 and (rows[1500:] > 0).mean() > 0.3  # top and lower parts rendered

@@ -1,0 +1,161 @@
+"""Heatmap data, optima, fixed-setting cost and per-class norms from synthetic stores with known answers."""
+import base64
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+
+from dptune.analysis.gradnorms import class_norms
+from dptune.analysis.report import build_report, write_heatmaps
+from dptune.analysis.results import Sweep
+from dptune.platform.store import ResultsStore
+
+CS, BS, LRS = (0.1, 1.0, 10.0), (32, 128, 512), (0.5, 1.0, 2.0)
+#: The planted optimum of each ε cell: (C, B, η). Different per cell, so a fixed setting has a cost.
+OPTIMA = {1.0: (10.0, 128, 2.0), 8.0: (0.1, 512, 0.5)}
+#: Accuracy lost per unit of log-distance: unequal, so the best fixed setting is unique.
+SLOPES = {1.0: 0.06, 8.0: 0.03}
+TRAP = (1.0, 32, 1.0)  # one seed beats every optimum, the mean does not
+N_TRAIN = 1437
+
+
+def planted_accuracy(eps: float, c: float, b: int, lr: float) -> float:
+    """Peaks at OPTIMA[eps] (0.9) and falls with the log-distance from it."""
+    c0, b0, lr0 = OPTIMA[eps]
+    d = abs(math.log10(c / c0)) + abs(math.log2(b / b0)) / 2 + abs(math.log2(lr / lr0)) / 2
+    return 0.9 - SLOPES[eps] * d
+
+
+def trial(trial_id: str, **fields) -> dict:
+    row = {"trial_id": trial_id, "experiment": "synthetic", "status": "finished", "error": None, "cell": None,
+           "backbone": "mlp", "dataset": "digits", "model": "mlp", "epsilon": 1.0, "delta": None, "epochs": 2,
+           "clip_bound": 1.0, "batch_size": 128, "learning_rate": 1.0, "optimizer": None, "seed": 0,
+           "private": True, "noise_multiplier": 1.0, "sample_rate": None, "steps": None, "noise_sqrt_steps": None,
+           "epsilon_spent": None, "accuracy": 0.5, "loss": 1.0, "clipped_fraction": 0.5, "train_time_s": 1.0,
+           "epoch": 2, "per_class_accuracy": [0.5, 0.5]}
+    row.update(fields)
+    b = row["batch_size"]
+    if row["sample_rate"] is None and row["status"] == "finished":
+        row["sample_rate"], row["steps"] = b / N_TRAIN, math.ceil(row["epochs"] * N_TRAIN / b)
+    return row
+
+
+def histogram(peak_bin: int, count: int) -> list[int]:
+    h = [0] * 32
+    h[peak_bin] = count
+    return h
+
+
+def gradnorm_rows(peak_bin: int, epochs: int = 2, count: int = 10) -> list[dict]:
+    return [{"epoch": e, "label": y, "count": count, "clipped_fraction": 0.1 * (y + 1),
+             "histogram": histogram(peak_bin + y, count), "norm_q10": 1.0, "norm_q25": 1.0, "norm_q50": 1.0,
+             "norm_q75": 1.0, "norm_q90": 1.0} for e in range(1, epochs + 1) for y in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Every (C, B, η) of two ε cells in two seeds (±0.01 around the planted accuracy), plus traps:
+    an errored trial and a non-private row that both report higher accuracy than any optimum."""
+    s = ResultsStore(str(tmp_path_factory.mktemp("synthetic") / "store"))
+    k = 0
+    for eps, c, b, lr, seed in itertools.product(OPTIMA, CS, BS, LRS, (0, 1)):
+        acc = planted_accuracy(eps, c, b, lr) + (0.01 if seed == 0 else -0.01)
+        if (c, b, lr) == TRAP:
+            acc = 0.97 if seed == 0 else 0.40
+        k += 1
+        best = (c, b, lr) == OPTIMA[eps]
+        s.write_trial(trial(f"t{k}", epsilon=eps, clip_bound=c, batch_size=b, learning_rate=lr, seed=seed,
+                            accuracy=acc), gradnorms=gradnorm_rows(14 if best else 22))
+    s.write_trial(trial("err", epsilon=1.0, clip_bound=0.1, batch_size=32, learning_rate=0.5, status="error",
+                        error="TrialDiverged: loss became nan", accuracy=0.999))
+    s.write_trial(trial("nonprivate", epsilon=math.inf, private=False, accuracy=0.99, learning_rate=0.1))
+    return s
+
+
+def test_heatmap_data_picks_the_planted_optimum(store):
+    sweep = Sweep.from_store(store)
+    table = sweep.heatmap_table()
+    assert set(table["cell_name"]) == {"digits · mlp · ε=1 · 2 epochs", "digits · mlp · ε=8 · 2 epochs"}
+    for eps, (c0, b0, lr0) in OPTIMA.items():
+        cell = table[table["cell_name"] == f"digits · mlp · ε={eps:g} · 2 epochs"]
+        assert len(cell) == len(CS) * len(BS)  # one entry per (C, B), η maximised out
+        best = cell.loc[cell["accuracy"].idxmax()]
+        assert (best["clip_bound"], best["batch_size"], best["learning_rate"]) == (c0, b0, lr0)
+        assert best["accuracy"] == pytest.approx(0.9) and best["seeds"] == 2
+        for _, r in cell.iterrows():  # every (C, B): the best η and the seed mean
+            if (r["clip_bound"], r["batch_size"]) == TRAP[:2]:
+                continue
+            accs = {lr: planted_accuracy(eps, r["clip_bound"], int(r["batch_size"]), lr) for lr in LRS}
+            assert r["learning_rate"] == max(accs, key=accs.get)
+            assert r["accuracy"] == pytest.approx(max(accs.values()))
+    optima = sweep.optima().set_index("cell_name")
+    assert optima.loc["digits · mlp · ε=1 · 2 epochs", ["clip_bound", "batch_size", "learning_rate"]].tolist() \
+        == list(OPTIMA[1.0])
+    baseline = optima.loc["digits · mlp · ε=∞ (non-private) · 2 epochs"]
+    assert not baseline["private"] and baseline["accuracy"] == pytest.approx(0.99)
+    assert math.isnan(baseline["clip_bound"])
+    errored = table[(table["clip_bound"] == 0.1) & (table["batch_size"] == 32)
+                    & (table["cell_name"] == "digits · mlp · ε=1 · 2 epochs")]
+    assert errored["errored"].item() == 1 and errored["accuracy"].item() < 0.9
+
+
+def test_fixed_setting_cost_is_the_gap_to_each_optimum(store):
+    setting, cost = Sweep.from_store(store).fixed_setting_cost()
+    best_over_lr = {(eps, c, b): max(planted_accuracy(eps, c, b, lr) for lr in LRS)
+                    for eps, c, b in itertools.product(OPTIMA, CS, BS) if (c, b) != TRAP[:2]}
+    expected = max({(c, b) for _, c, b in best_over_lr},
+                   key=lambda cb: np.mean([best_over_lr[(eps, *cb)] for eps in OPTIMA]))
+    assert setting == expected
+    for eps in OPTIMA:
+        row = cost[cost["cell_name"] == f"digits · mlp · ε={eps:g} · 2 epochs"].iloc[0]
+        assert row["cost"] == pytest.approx(0.9 - best_over_lr[(eps, *setting)])
+    assert setting == OPTIMA[1.0][:2]  # the steeper cell's optimum wins on average ...
+    assert cost["cost"].max() > 0.05  # ... and costs the other cell accuracy: no setting is best in both
+    _, forced = Sweep.from_store(store).fixed_setting_cost(0.1, 512)
+    forced = forced.set_index("cell_name")["cost"]
+    assert forced["digits · mlp · ε=8 · 2 epochs"] == pytest.approx(0.0)
+    assert forced["digits · mlp · ε=1 · 2 epochs"] == pytest.approx(0.9 - best_over_lr[(1.0, 0.1, 512)])
+    with pytest.raises(ValueError, match="not run"):
+        Sweep.from_store(store).fixed_setting_cost(3.0, 128)
+
+
+def test_class_norms_pool_the_optimum_trials_only(store):
+    norms = class_norms(Sweep.from_store(store), store.table("gradnorms"))
+    assert set(norms["cell_name"]) == {"digits · mlp · ε=1 · 2 epochs", "digits · mlp · ε=8 · 2 epochs"}
+    for _, r in norms.iterrows():
+        assert r["count"] == 2 * 2 * 10  # two seeds × two epochs × 10 examples
+        assert np.flatnonzero(r["histogram"]).tolist() == [14 + r["label"]]  # not the other trials' bin 22
+        assert r["clipped_fraction"] == pytest.approx(0.1 * (r["label"] + 1))
+        assert 10 ** (-4 + (14 + r["label"]) / 4) <= r["q50"] <= 10 ** (-4 + (15 + r["label"]) / 4)
+
+
+def decoded_images(page: str) -> list[np.ndarray]:
+    import io
+
+    return [mpimg.imread(io.BytesIO(base64.b64decode(b)), format="png")
+            for b in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_awkward_store_single_c_and_b_all_errored_and_nonprivate(tmp_path):
+    """One C and one B; a cell whose trials all errored; a non-private cell; no sample rates."""
+    s = ResultsStore(str(tmp_path / "store"))
+    s.write_trial(trial("a", epsilon=2.0, clip_bound=1.0, batch_size=64, accuracy=0.7))
+    s.write_trial(trial("b", epsilon=2.0, clip_bound=1.0, batch_size=64, learning_rate=2.0, accuracy=0.8))
+    s.write_trial(trial("c", epsilon=4.0, status="error", error="boom", accuracy=None))
+    s.write_trial(trial("d", epsilon=math.inf, private=False, accuracy=0.95))
+    page = build_report(s, noise_batch_sizes=[128])
+    assert all(name in page for name in ("digits · mlp · ε=2 · 2 epochs", "digits · mlp · ε=4 · 2 epochs",
+                                         "digits · mlp · ε=∞ (non-private) · 2 epochs"))
+    images = decoded_images(page)
+    assert len(images) >= 3 and all(img.ndim == 3 and img.shape[0] > 100 for img in images)
+    assert "NOT differentially private" in page and "boom" in page
+    paths = write_heatmaps(s, tmp_path / "figures")
+    assert {p.suffix for p in paths} >= {".png", ".svg", ".csv"} and all(p.exists() for p in paths)
+
+
+def test_report_rejects_an_unknown_axis(store):
+    with pytest.raises(ValueError, match="--across must be one of"):
+        build_report(store, across="colour")
