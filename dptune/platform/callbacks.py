@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ray import tune
 
+from ..trainables.config import TrainConfig
 from .records import epoch_rows, gradnorm_rows, trial_row
 from .store import ResultsStore
 from .tune_adapter import checkpoint_state
@@ -39,10 +40,20 @@ class StoreCallback(tune.Callback):
         state = checkpoint_state(trial.checkpoint)
         history = state["history"] if state else []
         last["history"] = history
-        row = trial_row(trial.trial_id, trial.config["trial"], last, status=status, error=error, experiment=self.experiment)
+        row = trial_row(trial.trial_id, resolved(trial.config["trial"]), last, status=status, error=error,
+                        experiment=self.experiment)
         self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
         if self.store.loose_files("trials") >= self.compact_every:
             self.store.compact()
+
+
+def resolved(spec: dict) -> dict:
+    """The trial spec with every training default filled in (stored with each row); a config the
+    trainer refuses is kept as given, so its errored row still shows what was asked."""
+    try:
+        return {**spec, "train": TrainConfig.from_dict(spec["train"]).to_dict()}
+    except (TypeError, ValueError):
+        return spec
 
 
 def _error_message(trial: "tune.experiment.Trial") -> str:
