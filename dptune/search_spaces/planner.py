@@ -1,0 +1,270 @@
+"""From a validated spec to a sweep plan: cells, pruned batch sizes, and trial configs.
+
+Each **cell** is one point of ε × backbone × dataset × epochs (× δ). Its batch-size candidates
+get σ from the accountant (all cells calibrated together, deduplicated, in parallel), are pruned
+by the minimum-step and σ√T plateau rules, and the smallest ``max_batch_sizes`` kept B are
+searched with the C grid and η(B) = η_ref·√(B/B_ref)·m.
+
+A **trial spec** is ``{"train": …, "meta": …}`` (the platform's trial layout): ``train`` is a
+valid ``TrainConfig`` mapping, including the cell's axes and the precomputed ``noise_multiplier``
+so a trial never recalibrates; ``meta`` carries the cell id, the privacy figures q, T and σ√T
+(:data:`META_FIELDS`) for the results store, and the η multiplier.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from .batches import COLUMNS, Row, candidate_rows, fill_noise, prune_rows, rows_frame
+from .calibrate import NoiseRequest, calibrate_many
+from .sections import SearchSpace
+from .spec import Catalog, Spec
+
+#: Keys of a trial spec's ``meta`` part.
+META_FIELDS = ("cell", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "lr_multiplier")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the difficulty axes."""
+
+    epsilon: float
+    delta: float
+    backbone: str
+    dataset: str
+    epochs: float
+
+    @property
+    def key(self) -> str:
+        """A stable, readable id, e.g. ``digits/cnn/E=5/delta=1e-05/eps=1``."""
+        return f"{self.dataset}/{self.backbone}/E={self.epochs:g}/delta={self.delta:g}/eps={self.epsilon:g}"
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """The pruned batch sizes of one cell and the configurations searched there.
+
+    ``rows`` (and the same as a frame, ``batches``) are the cell's ``batch_plan`` rows plus
+    ``searched``: the kept B that trials use, the smallest ``pruning.max_batch_sizes`` of them.
+    """
+
+    cell: Cell
+    dataset_size: int
+    registered: bool          # False: the dataset is not registered (planning only)
+    declared: bool            # True: N was declared in the spec, not read from the data
+    rows: tuple[Row, ...]
+    space: SearchSpace
+
+    @cached_property
+    def batches(self) -> pd.DataFrame:
+        return rows_frame(list(self.rows), [*COLUMNS, "searched"])
+
+    @cached_property
+    def searched_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(row["batch_size"] for row in self.rows if row["searched"])
+
+    @cached_property
+    def grid(self) -> tuple[tuple[float, int, float], ...]:
+        """Every (C, B, η multiplier) of the pruned space, in a fixed order."""
+        return tuple(itertools.product(self.space.clip_bounds, self.searched_batch_sizes,
+                                       self.space.learning_rate.multipliers))
+
+    @property
+    def num_configurations(self) -> int:
+        """Configurations this cell runs: the whole grid, or the per-cell budget (at most the grid)."""
+        size = len(self.grid)
+        budget = self.space.search.budget
+        return size if budget is None else min(budget, size)
+
+    @property
+    def num_trials(self) -> int:
+        """Trials of this cell (for Optuna an upper bound: a converged search stops early)."""
+        return self.num_configurations * len(self.space.seeds)
+
+    def row(self, batch_size: int) -> Row:
+        return next(row for row in self.rows if row["batch_size"] == batch_size)
+
+    def learning_rate(self, batch_size: int, multiplier: float) -> float:
+        return self.space.learning_rate.at(batch_size, multiplier)
+
+    def trial_config(self, clip_bound: float, batch_size: int, lr_multiplier: float, seed: int) -> dict:
+        """The trial spec ``{"train": …, "meta": …}`` of one trial (only searched B are allowed)."""
+        if batch_size not in self.searched_batch_sizes:
+            raise ValueError(f"batch_size {batch_size} is not searched in cell {self.cell.key}; "
+                             f"searched: {', '.join(map(str, self.searched_batch_sizes))}")
+        row = self.row(batch_size)
+        c = self.cell
+        sigma = float(row["noise_multiplier"])
+        train = {"dataset": c.dataset, "model": c.backbone, "epsilon": c.epsilon, "delta": c.delta,
+                 "epochs": c.epochs, "clip_bound": float(clip_bound), "batch_size": int(batch_size),
+                 "learning_rate": self.learning_rate(batch_size, lr_multiplier), "seed": int(seed),
+                 "noise_multiplier": sigma, **self.space.trial.config()}
+        meta = {"cell": c.key, "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
+                "noise_multiplier": sigma, "noise_sqrt_steps": float(row["noise_sqrt_steps"]),
+                "lr_multiplier": float(lr_multiplier)}
+        return {"train": train, "meta": meta}
+
+    def sampler_seed(self) -> int:
+        """Per-cell seed of random sampling and TPE: the spec's seed and the cell id."""
+        return (self.space.search.seed * 1_000_003 + zlib.crc32(self.cell.key.encode())) % 2**32
+
+    def configurations(self) -> list[tuple[float, int, float]]:
+        """The configurations a grid or random search runs, in order (random: a seeded sample)."""
+        grid = self.grid
+        algorithm = self.space.search.algorithm
+        if algorithm == "grid":
+            return list(grid)
+        if algorithm == "random":
+            rng = np.random.default_rng(self.sampler_seed())
+            return [grid[i] for i in rng.choice(len(grid), size=self.num_configurations, replace=False)]
+        raise ValueError("optuna proposes configurations while the sweep runs; use SweepPlan.searcher()")
+
+    def trials(self) -> list[dict]:
+        """Trial specs of a grid or random search: every configuration once per seed."""
+        return [self.trial_config(c, b, m, seed) for c, b, m in self.configurations() for seed in self.space.seeds]
+
+    def expected_cost(self) -> tuple[float, float]:
+        """(optimizer steps, examples processed) of this cell's trials; for Optuna, the budget times
+        the grid average. Examples = T·B, the expected number of per-sample gradients."""
+        algorithm = self.space.search.algorithm
+        configs = self.grid if algorithm == "optuna" else self.configurations()
+        if not configs:
+            return 0.0, 0.0
+        steps_of = {row["batch_size"]: row["steps"] for row in self.rows}
+        steps = np.array([steps_of[b] for _, b, _ in configs], dtype=float)
+        examples = steps * np.array([b for _, b, _ in configs], dtype=float)
+        scale = len(self.space.seeds) * (self.num_configurations / len(configs))
+        return float(steps.sum() * scale), float(examples.sum() * scale)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Every cell of a sweep, with its pruned space; nothing has run."""
+
+    space: SearchSpace
+    cells: tuple[CellPlan, ...]
+    source: str | None = None
+
+    def __iter__(self) -> Iterator[CellPlan]:
+        return iter(self.cells)
+
+    @property
+    def num_trials(self) -> int:
+        return sum(c.num_trials for c in self.cells)
+
+    @property
+    def expected_cost(self) -> tuple[float, float]:
+        """(optimizer steps, examples processed) over all trials."""
+        costs = [c.expected_cost() for c in self.cells]
+        return sum(s for s, _ in costs), sum(e for _, e in costs)
+
+    @property
+    def empty_cells(self) -> list[CellPlan]:
+        """Cells where pruning left no batch size (they would run nothing)."""
+        return [c for c in self.cells if not c.searched_batch_sizes]
+
+    @property
+    def planning_only_datasets(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c.cell.dataset for c in self.cells if not c.registered))
+
+    @property
+    def declared_sizes(self) -> dict[str, int]:
+        """Datasets whose N came from the spec, not from the data."""
+        return {c.cell.dataset: c.dataset_size for c in self.cells if c.declared}
+
+    def check_runnable(self) -> None:
+        """Raise ValueError if a sweep of this plan would train on an unregistered dataset, use a
+        declared dataset size instead of the data's, or leave a cell without trials."""
+        problems = []
+        if self.planning_only_datasets:
+            problems.append(f"dataset(s) {', '.join(self.planning_only_datasets)} are not registered "
+                            "(their sizes were declared for planning only)")
+        elif self.declared_sizes:
+            problems.append(f"dataset size(s) of {', '.join(self.declared_sizes)} were declared, not read from "
+                            "the data (plan with strict=True to check them)")
+        for c in self.empty_cells:
+            problems.append(f"cell {c.cell.key} keeps no batch size (lower pruning.min_steps, add smaller "
+                            "batch sizes or more epochs)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def trials(self) -> list[dict]:
+        """All trial specs of a grid or random sweep, cell by cell."""
+        return [t for c in self.cells for t in c.trials()]
+
+    def searcher(self, *, metric: str = "accuracy", mode: str = "max", config_key: str = "trial") -> "SweepSearcher":
+        """A Ray Tune searcher that hands out this plan's trials (any algorithm); see SweepSearcher."""
+        from .searcher import SweepSearcher
+
+        return SweepSearcher(self, metric=metric, mode=mode, config_key=config_key)
+
+
+def _cells(space: SearchSpace) -> list[Cell]:
+    """ε varies fastest, so the cells of one (dataset, backbone, epochs) are neighbours in ε."""
+    a = space.axes
+    return [Cell(eps, delta, backbone, dataset, float(epochs))
+            for dataset, backbone, epochs, delta, eps in itertools.product(a.dataset, a.backbone, a.epochs,
+                                                                         a.delta, a.epsilon)]
+
+
+def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, progress: bool = False,
+               strict: bool = True) -> SweepPlan:
+    """Calibrate σ for every cell's batch-size candidates and prune them.
+
+    ``workers`` processes calibrate what the accountant's cache lacks (default: all CPUs).
+    ``strict`` (for sweeps), before any calibration, refuses unregistered datasets and checks every
+    declared size against the data (q = B/N and T must be the trainer's); after it, refuses cells
+    left without a batch size. ``dptune plan`` passes False: declared sizes are used as given.
+    """
+    space = SearchSpace.from_spec(spec)
+    unregistered = [d for d in space.axes.dataset if d not in catalog.datasets]
+    if strict and unregistered:
+        raise ValueError(f"dataset(s) {', '.join(unregistered)} are not registered; sizes declared under "
+                         "dataset_sizes are for planning only")
+    sizes = {}
+    for d in space.axes.dataset:
+        declared = space.dataset_sizes.get(d)
+        if declared is not None and not strict:
+            sizes[d] = declared
+            continue
+        try:
+            sizes[d] = int(catalog.dataset_size(d))
+        except FileNotFoundError as exc:
+            hint = "" if strict else "; to plan without the data, declare its size under dataset_sizes"
+            raise FileNotFoundError(f"{exc}{hint}") from None
+        if declared is not None and declared != sizes[d]:
+            raise ValueError(f"dataset_sizes.{d}: declared {declared:,} training examples but the data has "
+                             f"{sizes[d]:,}; σ must be calibrated for the trainer's q = B/N")
+    trial = space.trial
+    cells = _cells(space)
+    candidates = {c: candidate_rows(sizes[c.dataset], c.epochs, space.batch_sizes) for c in cells}
+
+    def request(c: Cell, q: float, steps: int) -> NoiseRequest:
+        return NoiseRequest(c.epsilon, c.delta, q, steps, trial.norm_estimator, trial.sketch_k)
+
+    requests = [request(c, row["sample_rate"], row["steps"]) for c, rows in candidates.items()
+                for row in rows if row["reason"] is None]
+    sigmas = calibrate_many(requests, workers=workers, progress=progress)
+    pruning = space.pruning
+    limit = pruning.max_batch_sizes or math.inf
+    plans = []
+    for c in cells:
+        rows = fill_noise(candidates[c], lambda q, t, c=c: sigmas[request(c, q, t)])
+        rows = prune_rows(rows, min_steps=pruning.min_steps, plateau_tol=pruning.plateau_tol)
+        kept = 0
+        for row in rows:
+            kept += row["kept"]
+            row["searched"] = row["kept"] and kept <= limit
+        plans.append(CellPlan(c, sizes[c.dataset], c.dataset in catalog.datasets,
+                              not strict and c.dataset in space.dataset_sizes, tuple(rows), space))
+    plan = SweepPlan(space, tuple(plans), spec.source)
+    if strict:
+        plan.check_runnable()
+    return plan

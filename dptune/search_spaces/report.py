@@ -1,0 +1,88 @@
+"""Text rendering of a sweep plan for ``dptune plan``: one table per cell, then the totals."""
+from __future__ import annotations
+
+from .planner import CellPlan, SweepPlan
+
+
+def _count(value: float) -> str:
+    """1234 → '1,234'; 12_345_678 → '12.3M'."""
+    for size, unit in ((1e9, "G"), (1e6, "M")):
+        if value >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:,.0f}"
+
+
+def _status(row: dict) -> str:
+    if row["reason"] is not None:
+        return row["reason"]
+    return "kept" if row["searched"] else "kept, not searched"
+
+
+def format_cell(plan: CellPlan, index: int, total: int) -> str:
+    """The header, the candidate table (B, q, T, σ, σ√T, kept/reason, η) and the trial count."""
+    c = plan.cell
+    note = ("" if not plan.declared else ", declared" if plan.registered
+            else ", declared; not registered: planning only")
+    lines = [f"cell {index}/{total}  ε={c.epsilon:g}  δ={c.delta:g}  backbone={c.backbone}  "
+             f"dataset={c.dataset} (N={plan.dataset_size:,}{note})  epochs={c.epochs:g}"]
+    multipliers = plan.space.learning_rate.multipliers
+    header = f"  {'B':>6}  {'q':>8}  {'T':>7}  {'σ':>8}  {'σ√T':>8}  {'kept/reason':<18}  η"
+    lines.append(header)
+    recommended = plan.searched_batch_sizes[:1]
+    for row in plan.rows:
+        fits = row["reason"] != "exceeds_dataset"
+        sigma = f"{row['noise_multiplier']:8.4f}" if fits else f"{'-':>8}"
+        noise = f"{row['noise_sqrt_steps']:8.2f}" if fits else f"{'-':>8}"
+        q = f"{row['sample_rate']:8.4g}" if fits else f"{'-':>8}"
+        status = _status(row) + (" *" if row["batch_size"] in recommended else "")
+        lrs = (" ".join(f"{plan.learning_rate(row['batch_size'], m):.3g}" for m in multipliers)
+               if row["searched"] else "")
+        line = f"  {row['batch_size']:>6}  {q}  {row['steps']:>7}  {sigma}  {noise}  {status:<18}  {lrs}"
+        lines.append(line.rstrip())
+    steps, examples = plan.expected_cost()
+    search = plan.space.search
+    shape = (f"{len(plan.space.clip_bounds)} C × {len(plan.searched_batch_sizes)} B × {len(multipliers)} η")
+    if search.algorithm != "grid":
+        shape = f"{search.algorithm}: {plan.num_configurations} of {shape} = {len(plan.grid)}"
+    seeds = len(plan.space.seeds)
+    approx, upto = ("≈", "≤ ") if search.algorithm == "optuna" else ("", "")  # TPE may converge early
+    lines.append(f"  → {upto}{plan.num_trials} trials ({shape} × {seeds} seed{'s' if seeds > 1 else ''}); "
+                 f"{approx}{_count(steps)} steps, {approx}{_count(examples)} examples")
+    return "\n".join(lines)
+
+
+def format_plan(plan: SweepPlan) -> str:
+    """The whole plan: settings, a table per cell and the totals. * marks the recommended B."""
+    space = plan.space
+    a, lr, pr = space.axes, space.learning_rate, space.pruning
+    dims = [len(a.epsilon), len(a.backbone), len(a.dataset), len(a.epochs)]
+    dims += [len(a.delta)] if len(a.delta) > 1 else []
+    names = "ε × backbone × dataset × epochs" + (" × δ" if len(a.delta) > 1 else "")
+    limit = "all kept B" if pr.max_batch_sizes is None else f"at most {pr.max_batch_sizes} kept B"
+    out = [f"Sweep plan{f' for {plan.source}' if plan.source else ''}: {len(plan.cells)} cells "
+           f"({names} = {' × '.join(map(str, dims))})",
+           f"C grid: {', '.join(f'{c:.3g}' for c in space.clip_bounds)}; "
+           f"η(B) = {lr.reference:g}·√(B/{lr.reference_batch_size}) × "
+           f"{{{', '.join(f'{m:g}' for m in lr.multipliers)}}}",
+           f"pruning: T ≥ {pr.min_steps} steps, σ√T within {pr.plateau_tol:.0%} of the cell's minimum, {limit} "
+           f"searched (the smallest; * = recommended)",
+           f"search: {space.search.algorithm}"
+           + (f", {space.search.budget} configurations per cell, seed {space.search.seed}"
+              if space.search.budget is not None else "")
+           + f"; training seeds: {', '.join(map(str, space.seeds))}; norm estimator: {space.trial.norm_estimator}"
+           + (f" (k={space.trial.sketch_k})" if space.trial.sketch_k else ""), ""]
+    for i, cell in enumerate(plan.cells, 1):
+        out += [format_cell(cell, i, len(plan.cells)), ""]
+    steps, examples = plan.expected_cost
+    approx, upto = ("≈", "≤ ") if space.search.algorithm == "optuna" else ("", "")
+    out.append(f"total: {upto}{plan.num_trials} trials, {approx}{_count(steps)} optimizer steps, "
+               f"{approx}{_count(examples)} examples (per-sample gradients). Nothing was launched.")
+    if plan.planning_only_datasets:
+        out.append(f"note: {', '.join(plan.planning_only_datasets)} not registered: this spec can be planned, "
+                   "not swept.")
+    elif plan.declared_sizes:
+        out.append(f"note: the sizes of {', '.join(plan.declared_sizes)} were declared in the spec; a sweep reads "
+                   "them from the data and refuses a mismatch.")
+    for c in plan.empty_cells:
+        out.append(f"warning: cell {c.cell.key} keeps no batch size and would run no trials")
+    return "\n".join(out)

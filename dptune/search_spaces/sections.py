@@ -1,0 +1,277 @@
+"""The search-space sections of a sweep spec and the :class:`SearchSpace` they define.
+
+::
+
+    axes:            # difficulty axes; one cell per ε × backbone × dataset × epochs (× δ)
+      epsilon: [1, 8]
+      delta: 1.0e-5
+      backbone: [cnn]
+      dataset: [digits]
+      epochs: [5, 20]
+    clip_bound: [0.1, 1, 10]          # or {min: 0.1, max: 10, num: 5}: log-spaced
+    batch_size: [16, 32, 64, 128, 256, 512]
+    learning_rate: {reference: 2.0, reference_batch_size: 128, multipliers: [0.5, 1, 2]}
+    pruning: {min_steps: 20, plateau_tol: 0.05, max_batch_sizes: 3}
+    search: {algorithm: optuna, budget: 12, seed: 0}
+    seeds: [0]                        # training seeds; every configuration runs once per seed
+    trial: {optimizer: sgd, norm_estimator: exact}
+    dataset_sizes: {cifar100: 50000}  # training-set sizes for planning without the data
+
+η(B) = reference · √(B / reference_batch_size) · multiplier (DP-Adam's optimum scales with √B,
+paper 000). ``dataset_sizes`` lets ``dptune plan`` size a sweep without loading (or downloading)
+the data, even for a dataset this build does not register; a strict plan (``dptune sweep``) uses
+the size of the data itself and refuses a declared size that differs, or an unregistered dataset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..privacy.validation import check_estimator
+from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
+                   register_section)
+
+ALGORITHMS = ("grid", "random", "optuna")
+#: Trial options a spec may set; each must also be a field of the trainer's config.
+TRIAL_OPTIONS = ("optimizer", "momentum", "weight_decay", "clip_fn", "norm_estimator", "sketch_k", "denoise",
+                 "peft", "max_physical_batch_size", "device", "model_options")
+
+
+@dataclass(frozen=True)
+class Axes:
+    epsilon: tuple[float, ...]
+    delta: tuple[float, ...]
+    backbone: tuple[str, ...]
+    dataset: tuple[str, ...]
+    epochs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class LearningRate:
+    reference: float
+    reference_batch_size: int
+    multipliers: tuple[float, ...]
+
+    def at(self, batch_size: int, multiplier: float) -> float:
+        """η(B) = η_ref · √(B / B_ref) · multiplier."""
+        return self.reference * (batch_size / self.reference_batch_size) ** 0.5 * multiplier
+
+
+@dataclass(frozen=True)
+class Pruning:
+    min_steps: int = 20
+    plateau_tol: float = 0.05
+    max_batch_sizes: int | None = None   # search at most this many kept B per cell (the smallest)
+
+
+@dataclass(frozen=True)
+class Search:
+    algorithm: str = "grid"
+    budget: int | None = None            # configurations per cell (random, optuna)
+    seed: int = 0                        # seeds random sampling and the TPE sampler
+    startup_trials: int | None = None    # optuna: random proposals before TPE takes over
+    warm_start: bool = False             # optuna: first try a finished neighbour cell's optimum
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    norm_estimator: str = "exact"
+    sketch_k: int | None = None
+    fixed: Mapping[str, Any] = field(default_factory=dict)   # every option set in the spec
+
+    def config(self) -> dict:
+        """Training-config fields every trial gets (the accountant's settings always); nested
+        mappings are copied, so trials never share one."""
+        fixed = {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.fixed.items()}
+        return {**fixed, "norm_estimator": self.norm_estimator, "sketch_k": self.sketch_k}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Everything ``plan_sweep`` needs, read from the search-space sections of a spec."""
+
+    axes: Axes
+    clip_bounds: tuple[float, ...]
+    batch_sizes: tuple[int, ...]
+    learning_rate: LearningRate
+    pruning: Pruning
+    search: Search
+    seeds: tuple[int, ...]
+    trial: TrialOptions
+    dataset_sizes: Mapping[str, int]     # declared sizes, for planning without the data
+
+    @classmethod
+    def from_spec(cls, spec: Spec) -> "SearchSpace":
+        return cls(spec["axes"], spec["clip_bound"], spec["batch_size"], spec["learning_rate"], spec["pruning"],
+                   spec["search"], spec["seeds"], spec["trial"], spec["dataset_sizes"])
+
+
+def _positive(value: Any, path: str) -> float:
+    return number(value, path, gt=0)
+
+
+def _name(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{path}: must be a name; got {value!r}")
+    return value
+
+
+@register_section("axes", required=True, summary="the difficulty axes epsilon, delta, backbone, dataset, epochs")
+def parse_axes(value: Any, catalog: Catalog) -> Axes:
+    raw = mapping(value, "axes", ("epsilon", "delta", "backbone", "dataset", "epochs"))
+    for key in ("epsilon", "backbone", "dataset", "epochs"):
+        if key not in raw:
+            raise SpecError(f"axes.{key}: required (a value or a non-empty list)")
+    backbones = one_or_many(raw["backbone"], "axes.backbone", _name)
+    for b in backbones:
+        if b not in catalog.backbones:
+            raise SpecError(f"axes.backbone: unknown backbone {b!r}; "
+                            f"registered: {', '.join(sorted(catalog.backbones))}")
+    return Axes(
+        epsilon=one_or_many(raw["epsilon"], "axes.epsilon", _positive),
+        delta=one_or_many(raw.get("delta", 1e-5), "axes.delta", lambda v, p: number(v, p, gt=0, lt=1)),
+        backbone=backbones,
+        dataset=one_or_many(raw["dataset"], "axes.dataset", _name),
+        epochs=one_or_many(raw["epochs"], "axes.epochs", _positive),
+    )
+
+
+@register_section("clip_bound", required=True, summary="the clipping-bound grid C")
+def parse_clip_bound(value: Any, catalog: Catalog) -> tuple[float, ...]:
+    if isinstance(value, Mapping):
+        raw = mapping(value, "clip_bound", ("min", "max", "num"))
+        missing = [k for k in ("min", "max", "num") if k not in raw]
+        if missing:
+            raise SpecError(f"clip_bound.{missing[0]}: required for a log-spaced grid (min, max, num)")
+        lo, hi = _positive(raw["min"], "clip_bound.min"), _positive(raw["max"], "clip_bound.max")
+        num = integer(raw["num"], "clip_bound.num", ge=1)
+        if num > 1 and not hi > lo:
+            raise SpecError(f"clip_bound.max: must be > clip_bound.min ({lo:g}); got {hi:g}")
+        return tuple(float(c) for c in np.geomspace(lo, hi, num))
+    return tuple(sorted(one_or_many(value, "clip_bound", _positive)))
+
+
+@register_section("batch_size", required=True, summary="the batch-size candidates B")
+def parse_batch_size(value: Any, catalog: Catalog) -> tuple[int, ...]:
+    return tuple(sorted(one_or_many(value, "batch_size", lambda v, p: integer(v, p, ge=1))))
+
+
+@register_section("learning_rate", required=True,
+                  summary="reference, reference_batch_size and multipliers of η(B) = η_ref·√(B/B_ref)·m")
+def parse_learning_rate(value: Any, catalog: Catalog) -> LearningRate:
+    raw = mapping(value, "learning_rate", ("reference", "reference_batch_size", "multipliers"))
+    for key in ("reference", "reference_batch_size"):
+        if key not in raw:
+            raise SpecError(f"learning_rate.{key}: required")
+    return LearningRate(_positive(raw["reference"], "learning_rate.reference"),
+                        integer(raw["reference_batch_size"], "learning_rate.reference_batch_size", ge=1),
+                        tuple(sorted(one_or_many(raw.get("multipliers", 1.0), "learning_rate.multipliers",
+                                                 _positive))))
+
+
+@register_section("pruning", default={}, summary="min_steps, plateau_tol, max_batch_sizes")
+def parse_pruning(value: Any, catalog: Catalog) -> Pruning:
+    raw = mapping(value, "pruning", ("min_steps", "plateau_tol", "max_batch_sizes"))
+    d = Pruning()
+    limit = raw.get("max_batch_sizes")
+    return Pruning(integer(raw.get("min_steps", d.min_steps), "pruning.min_steps", ge=1),
+                   number(raw.get("plateau_tol", d.plateau_tol), "pruning.plateau_tol", ge=0),
+                   None if limit is None else integer(limit, "pruning.max_batch_sizes", ge=1))
+
+
+@register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed")
+def parse_search(value: Any, catalog: Catalog) -> Search:
+    raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start"))
+    algorithm = choice(raw.get("algorithm", "grid"), "search.algorithm", ALGORITHMS)
+    budget = raw.get("budget")
+    if algorithm == "grid":
+        for key in ("budget", "startup_trials", "warm_start"):
+            if raw.get(key) is not None:
+                raise SpecError(f"search.{key}: only applies to algorithm random or optuna "
+                                f"(a grid runs every configuration); remove it or change search.algorithm")
+    elif budget is None:
+        raise SpecError(f"search.budget: required for algorithm {algorithm} (configurations per cell)")
+    if algorithm == "random":
+        for key in ("startup_trials", "warm_start"):
+            if raw.get(key) is not None:
+                raise SpecError(f"search.{key}: only applies to algorithm optuna")
+    startup = raw.get("startup_trials")
+    warm = raw.get("warm_start", False)
+    if not isinstance(warm, bool):
+        raise SpecError(f"search.warm_start: must be true or false; got {warm!r}")
+    return Search(algorithm, None if budget is None else integer(budget, "search.budget", ge=1),
+                  integer(raw.get("seed", 0), "search.seed", ge=0),
+                  None if startup is None else integer(startup, "search.startup_trials", ge=1), warm)
+
+
+@register_section("seeds", default=[0], summary="training seeds")
+def parse_seeds(value: Any, catalog: Catalog) -> tuple[int, ...]:
+    return one_or_many(value, "seeds", lambda v, p: integer(v, p, ge=0))
+
+
+@register_section("trial", default={}, summary="trial options: " + ", ".join(TRIAL_OPTIONS))
+def parse_trial(value: Any, catalog: Catalog) -> TrialOptions:
+    raw = dict(mapping(value, "trial", TRIAL_OPTIONS))
+    if catalog.train_fields is not None:
+        for key in raw:
+            if key not in catalog.train_fields:
+                raise SpecError(f"trial.{key}: not supported by this build's trainer (it has no {key!r} setting)")
+    for key, allowed in catalog.options.items():
+        if key in raw:
+            choice(raw[key], f"trial.{key}", list(allowed))
+    for key in ("momentum", "weight_decay"):
+        if key in raw:
+            raw[key] = number(raw[key], f"trial.{key}", ge=0)
+    if raw.get("max_physical_batch_size") is not None:
+        raw["max_physical_batch_size"] = integer(raw["max_physical_batch_size"], "trial.max_physical_batch_size",
+                                                 ge=1)
+    if "model_options" in raw:
+        if not isinstance(raw["model_options"], Mapping):
+            raise SpecError(f"trial.model_options: must be a mapping of architecture overrides; "
+                            f"got {raw['model_options']!r}")
+        raw["model_options"] = dict(raw["model_options"])
+    if "device" in raw:
+        _name(raw["device"], "trial.device")
+    estimator = raw.pop("norm_estimator", "exact")
+    k = raw.pop("sketch_k", None)
+    if k is not None:
+        k = integer(k, "trial.sketch_k", ge=1)
+    try:
+        estimator, k = check_estimator(estimator, k)
+    except ValueError as exc:
+        raise SpecError(f"trial: {exc}") from None
+    return TrialOptions(estimator, k, raw)
+
+
+@register_section("dataset_sizes", default={}, summary="training-set sizes N for planning without the data")
+def parse_dataset_sizes(value: Any, catalog: Catalog) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"dataset_sizes: must be a mapping of dataset name to training-set size; got {value!r}")
+    return {_name(name, "dataset_sizes"): integer(size, f"dataset_sizes.{name}", ge=1) for name, size in value.items()}
+
+
+@register_check
+def check_datasets(spec: Spec, catalog: Catalog) -> None:
+    """Every dataset on the axes is registered or has a declared size; every declared one is used."""
+    declared = spec["dataset_sizes"]
+    for name in spec["axes"].dataset:
+        if name not in catalog.datasets and name not in declared:
+            raise SpecError(f"axes.dataset: unknown dataset {name!r}; "
+                            f"registered: {', '.join(sorted(catalog.datasets))} "
+                            "(to plan for another dataset, declare its size under dataset_sizes)")
+    for name in declared:
+        if name not in spec["axes"].dataset:
+            raise SpecError(f"dataset_sizes.{name}: not on axes.dataset ({', '.join(spec['axes'].dataset)})")
+
+
+@register_check
+def check_search_budget(spec: Spec, catalog: Catalog) -> None:
+    """Optuna's random start-up must leave room for TPE within the budget."""
+    search = spec["search"]
+    if search.startup_trials is not None and search.startup_trials > search.budget:
+        raise SpecError(f"search.startup_trials: must be <= search.budget ({search.budget}); "
+                        f"got {search.startup_trials}")

@@ -1,0 +1,227 @@
+"""The sweep spec: a YAML mapping of named sections, each validated by a registered parser.
+
+A component that owns part of the spec registers its sections here (``register_section``) and,
+for rules that span sections, a check (``register_check``); the search-space sections live in
+``search_spaces.sections`` and the platform adds its own (resources, storage, …) without touching
+this file. Unknown sections, unknown keys inside a section and bad values are errors that name
+the field and what is allowed; every section is validated, and all errors are reported together,
+before anything expensive runs.
+
+Names of datasets and backbones, dataset sizes and the trainer's option values come from the
+caller in a :class:`Catalog` (``search_spaces`` must not import ``trainables``).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
+
+import yaml
+
+
+class SpecError(ValueError):
+    """A sweep spec is invalid; the message names every bad field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the running code supports, handed to the spec parsers by the caller (CLI, platform).
+
+    ``dataset_size(name)`` returns the training-set size N of a registered dataset (q = B/N and
+    T = ⌈E·N/B⌉ depend on it, so it must be the size the trainer will see). ``options`` maps a
+    trial option (``optimizer``, ``clip_fn``, ``norm_estimator``, ``denoise``, ``peft``…) to its
+    allowed values; ``train_fields`` are the trainer's config fields (None: not checked).
+    """
+
+    datasets: Collection[str]
+    backbones: Collection[str]
+    dataset_size: Callable[[str], int]
+    options: Mapping[str, Collection[object]] = field(default_factory=dict)
+    train_fields: Collection[str] | None = None
+
+
+Parser = Callable[[Any, Catalog], Any]
+Check = Callable[["Spec", Catalog], None]
+
+
+@dataclass(frozen=True)
+class Section:
+    """One top-level key of the spec: its parser, whether it is required, and its default."""
+
+    name: str
+    parse: Parser
+    required: bool
+    default: Any
+    summary: str
+
+
+SECTIONS: dict[str, Section] = {}
+CHECKS: list[Check] = []
+
+
+def register_section(name: str, *, required: bool = False, default: Any = None,
+                     summary: str = "") -> Callable[[Parser], Parser]:
+    """Register ``parse(value, catalog) -> parsed`` for the top-level key ``name``.
+
+    A missing optional section is parsed from ``default`` (so defaults are validated too).
+    Parsers raise ``SpecError`` (use the helpers below: they name the field).
+    """
+    def decorate(parse: Parser) -> Parser:
+        if name in SECTIONS and SECTIONS[name].parse is not parse:
+            raise ValueError(f"spec section {name!r} is already registered")
+        SECTIONS[name] = Section(name, parse, required, default, summary)
+        return parse
+
+    return decorate
+
+
+def register_check(check: Check) -> Check:
+    """Register a rule spanning sections; it runs after every section parsed without error."""
+    if check not in CHECKS:
+        CHECKS.append(check)
+    return check
+
+
+@dataclass(frozen=True)
+class Spec(Mapping[str, Any]):
+    """A validated spec: section name → parsed value (every registered section is present)."""
+
+    sections: Mapping[str, Any]
+    source: str | None = None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.sections[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sections)
+
+    def __len__(self) -> int:
+        return len(self.sections)
+
+
+def read_spec_file(path: str | os.PathLike) -> Mapping[str, Any]:
+    """Read a YAML spec file into a mapping (errors name the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"spec file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc})".replace("\n", " ")) from None
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{path}: a sweep spec must be a mapping of sections; got {type(raw).__name__}")
+    return raw
+
+
+def load_spec(source: str | os.PathLike | Mapping[str, Any], catalog: Catalog) -> Spec:
+    """Validate a spec (a YAML file path or an already-read mapping) against the registered
+    sections and checks; raise one ``SpecError`` listing every problem found."""
+    name = None if isinstance(source, Mapping) else str(source)
+    raw = source if isinstance(source, Mapping) else read_spec_file(source)
+    errors = []
+    unknown = [key for key in raw if key not in SECTIONS]
+    for key in unknown:
+        errors.append(unknown_key_message(str(key), key, SECTIONS, noun="section"))
+    parsed: dict[str, Any] = {}
+    for section in SECTIONS.values():
+        if section.name not in raw and section.required:
+            errors.append(f"{section.name}: required section is missing ({section.summary})")
+            continue
+        value = raw.get(section.name, section.default)
+        try:
+            parsed[section.name] = section.parse(value, catalog)
+        except SpecError as exc:
+            errors.append(str(exc))
+    spec = Spec(parsed, name)
+    if not errors:
+        for check in CHECKS:
+            try:
+                check(spec, catalog)
+            except SpecError as exc:
+                errors.append(str(exc))
+    if errors:
+        where = f"{name}: " if name else ""
+        raise SpecError(where + "; ".join(errors))
+    return spec
+
+
+# --- value helpers: each names the field (a dotted path) in its error ---------------------------
+
+def unknown_key_message(path: str, key: object, allowed: Collection[str], noun: str = "key") -> str:
+    """``path: unknown key 'x' (did you mean 'y'?); allowed: …``."""
+    close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{path}: unknown {noun} {str(key)!r}{hint}; allowed: {', '.join(sorted(map(str, allowed)))}"
+
+
+def mapping(value: Any, path: str, allowed: Collection[str]) -> Mapping[str, Any]:
+    """A mapping whose keys are all in ``allowed``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{path}: must be a mapping with keys {', '.join(sorted(allowed))}; "
+                        f"got {type(value).__name__} {value!r}")
+    for key in value:
+        if key not in allowed:
+            raise SpecError(unknown_key_message(f"{path}.{key}", key, allowed))
+    return value
+
+
+def number(value: Any, path: str, *, gt: float | None = None, ge: float | None = None,
+           lt: float | None = None) -> float:
+    """A finite number (numeric strings such as ``1e-5``, which YAML 1.1 reads as text, too)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecError(f"{path}: must be a finite number{_bounds(gt, ge, lt)}; got {value!r}")
+    if (gt is not None and not value > gt) or (ge is not None and not value >= ge) or \
+            (lt is not None and not value < lt):
+        raise SpecError(f"{path}: must be a finite number{_bounds(gt, ge, lt)}; got {value!r}")
+    return float(value)
+
+
+def integer(value: Any, path: str, *, ge: int | None = None) -> int:
+    """A whole number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if not (isinstance(value, float) and value.is_integer()):
+            raise SpecError(f"{path}: must be a whole number{_bounds(None, ge, None)}; got {value!r}")
+    if ge is not None and value < ge:
+        raise SpecError(f"{path}: must be a whole number{_bounds(None, ge, None)}; got {value!r}")
+    return int(value)
+
+
+def one_or_many(value: Any, path: str, item: Callable[[Any, str], Any]) -> tuple:
+    """A scalar or a non-empty list of distinct items, each parsed by ``item(value, path[i])``."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values or value is None:
+        raise SpecError(f"{path}: must be a value or a non-empty list; got {value!r}")
+    parsed = tuple(item(v, f"{path}[{i}]" if isinstance(value, (list, tuple)) else path)
+                   for i, v in enumerate(values))
+    seen = set()
+    for v in parsed:
+        key = repr(v)
+        if key in seen:
+            raise SpecError(f"{path}: duplicate value {v!r}")
+        seen.add(key)
+    return parsed
+
+
+def choice(value: Any, path: str, allowed: Sequence[object]) -> Any:
+    """One of ``allowed`` (``None`` shows as null)."""
+    if value not in allowed:
+        shown = ", ".join("null" if a is None else str(a) for a in allowed)
+        raise SpecError(f"{path}: must be one of {shown}; got {value!r}")
+    return value
+
+
+def _bounds(gt: float | None, ge: float | None, lt: float | None) -> str:
+    parts = [f"> {gt:g}" if gt is not None else "", f">= {ge:g}" if ge is not None else "",
+             f"< {lt:g}" if lt is not None else ""]
+    text = " and ".join(p for p in parts if p)
+    return f" {text}" if text else ""

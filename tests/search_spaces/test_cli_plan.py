@@ -1,0 +1,53 @@
+"""`dptune plan SPEC`: tables per cell on the example spec; bad specs are one-line errors."""
+import io
+from pathlib import Path
+
+from dptune.cli import EXIT_OK, EXIT_USAGE, main
+from dptune.platform.catalog import trainables_catalog
+from dptune.search_spaces import batch_plan, load_spec, plan_sweep
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits_small.yaml"
+
+
+def test_plan_prints_a_table_per_cell_and_the_totals():
+    buf = io.StringIO()
+    assert main(["plan", str(EXAMPLE), "--quiet"], out=buf) == EXIT_OK
+    text = buf.getvalue()
+    assert text.count("\ncell ") == 4 and "cell 4/4" in text
+    assert text.count("B         q        T         σ       σ√T  kept/reason") == 4
+    for reason in ("off_plateau", "min_steps", "kept *"):
+        assert reason in text
+    assert "Nothing was launched." in text
+    catalog = trainables_catalog()
+    plan = plan_sweep(load_spec(EXAMPLE, catalog), catalog, workers=1)
+    assert f"total: {plan.num_trials} trials" in text
+    # the ε = 1, B = 64 row shows the σ and σ√T of batch_plan (digits: N = 1437, E = 5)
+    row = batch_plan(1.0, 1e-5, 1437, 5, [64]).iloc[0]
+    line = next(ln for ln in text.splitlines() if ln.split()[:1] == ["64"])
+    fields = line.split()
+    assert fields[:5] == ["64", f"{64 / 1437:.4g}", str(row.steps), f"{row.noise_multiplier:.4f}",
+                          f"{row.noise_sqrt_steps:.2f}"]
+
+
+def test_a_bad_spec_is_a_one_line_error_and_calibrates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DPTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("min_steps: 20", "min_step: 20"))
+    assert main(["plan", str(bad), "--quiet"], out=io.StringIO()) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "pruning.min_step: unknown key 'min_step' (did you mean 'min_steps'?)" in err
+    assert not (tmp_path / "cache").exists()
+
+
+def test_format_plan_marks_declared_sizes_unsearched_and_empty_cells(catalog, toy_spec):
+    from dptune.search_spaces import format_plan
+
+    spec = load_spec(toy_spec(axes={"epsilon": [1, 4], "backbone": "mlp", "dataset": ["toy", "big"], "epochs": 2},
+                              batch_size=[10, 20, 40], dataset_sizes={"big": 30},
+                              pruning={"min_steps": 2, "plateau_tol": 10.0, "max_batch_sizes": 1}), catalog)
+    text = format_plan(plan_sweep(spec, catalog, workers=1, strict=False))
+    assert "dataset=big (N=30, declared; not registered: planning only)" in text
+    assert "kept *" in text and "kept, not searched" in text and "exceeds_dataset" in text
+    assert "note: big not registered: this spec can be planned, not swept." in text
+    assert "→ 9 trials (3 C × 1 B × 3 η × 1 seed)" in text

@@ -1,0 +1,150 @@
+"""SweepSearcher: the Ray Tune searcher over a plan (grid, random, Optuna TPE)."""
+import math
+
+import pytest
+from ray.tune.search import Searcher
+
+from dptune.search_spaces import SweepSearcher, load_spec, plan_sweep
+
+
+def objective(train: dict) -> float:
+    """A smooth, deterministic stand-in for accuracy with its optimum at C = 1, B = 20, η×1."""
+    return 1.0 - 0.1 * math.log10(train["clip_bound"]) ** 2 - 0.05 * math.log2(train["batch_size"] / 20) ** 2 \
+        - 0.02 * math.log2(train["learning_rate"] / math.sqrt(train["batch_size"] / 20)) ** 2
+
+
+def run(searcher: Searcher, limit: int = 1000, start: int = 0, value=objective) -> list[dict]:
+    """Drive a searcher as Ray Tune does with one trial at a time; returns the trial specs."""
+    out = []
+    for i in range(start, start + limit):
+        config = searcher.suggest(f"t{i}")
+        if config == Searcher.FINISHED:
+            break
+        trial = config["trial"]
+        out.append(trial)
+        searcher.on_trial_complete(f"t{i}", {"accuracy": value(trial["train"])})
+    return out
+
+
+@pytest.fixture
+def optuna_plan(catalog, toy_spec):
+    def make(seed=0, seeds=(0,), warm_start=False, epsilon=(1,), budget=12):
+        spec = load_spec(toy_spec(axes={"epsilon": list(epsilon), "backbone": "mlp", "dataset": "toy", "epochs": 2},
+                                  clip_bound=[0.01, 0.1, 1, 10, 100], seeds=list(seeds),
+                                  search={"algorithm": "optuna", "budget": budget, "seed": seed,
+                                          "warm_start": warm_start}), catalog)
+        return plan_sweep(spec, catalog, workers=1)
+    return make
+
+
+def key(trial: dict) -> tuple:
+    return trial["train"]["clip_bound"], trial["train"]["batch_size"], trial["meta"]["lr_multiplier"], \
+        trial["train"]["seed"]
+
+
+def test_grid_searcher_hands_out_the_plan_then_finishes(catalog, toy_spec):
+    plan = plan_sweep(load_spec(toy_spec(seeds=[0, 1]), catalog), catalog, workers=1)
+    searcher = plan.searcher()
+    assert run(searcher) == plan.trials()
+    assert searcher.suggest("again") == Searcher.FINISHED
+
+
+def test_optuna_is_deterministic_for_a_seed_and_proposes_only_pruned_candidates(optuna_plan):
+    plan = optuna_plan(seed=3)
+    cell = plan.cells[0]
+    assert cell.searched_batch_sizes == (5, 10, 20, 40)          # B = 100 (T < min_steps) and 400 (> N) pruned
+    first, second = run(SweepSearcher(plan)), run(SweepSearcher(plan))
+    assert [key(t) for t in first] == [key(t) for t in second]
+    assert len(first) == 12 == plan.num_trials                    # the budget, then FINISHED
+    assert len({key(t) for t in first}) == 12                     # repeats are answered, not re-run
+    for trial in first:
+        assert trial["train"]["batch_size"] in cell.searched_batch_sizes
+        assert trial["train"]["clip_bound"] in plan.space.clip_bounds
+        assert trial == cell.trial_config(*key(trial))            # σ, T, q, η exactly as planned
+    other = run(SweepSearcher(optuna_plan(seed=4)))
+    assert [key(t) for t in other] != [key(t) for t in first]
+
+
+def test_tpe_uses_the_results(optuna_plan):
+    """After its random start, TPE concentrates near the optimum: better than the grid average."""
+    plan = optuna_plan(seed=0, budget=30)
+    trials = run(SweepSearcher(plan))
+    grid_mean = sum(objective(plan.cells[0].trial_config(c, b, m, 0)["train"])
+                    for c, b, m in plan.cells[0].grid) / len(plan.cells[0].grid)
+    late = [objective(t["train"]) for t in trials[15:]]
+    assert sum(late) / len(late) > grid_mean
+    assert max(objective(t["train"]) for t in trials) == pytest.approx(1.0)   # the optimum was found
+
+
+def test_every_configuration_runs_once_per_seed_and_optuna_sees_the_mean(optuna_plan):
+    plan = optuna_plan(seeds=(0, 1), budget=4)
+    searcher = SweepSearcher(plan)
+    trials = run(searcher, value=lambda train: objective(train) + 0.01 * train["seed"])
+    assert len(trials) == 8 == plan.num_trials
+    assert [t["train"]["seed"] for t in trials] == [0, 1] * 4
+    assert all(key(a)[:3] == key(b)[:3] for a, b in zip(trials[::2], trials[1::2]))
+    best_indices, best_value = searcher.best(0)
+    c, b, m = searcher._values(0, best_indices)
+    assert best_value == pytest.approx(objective(plan.cells[0].trial_config(c, b, m, 0)["train"]) + 0.005)
+
+
+def test_a_failed_trial_is_told_as_failed(optuna_plan):
+    plan = optuna_plan(budget=3)
+    searcher = SweepSearcher(plan)
+    searcher.suggest("a")
+    searcher.on_trial_complete("a", None, error=True)
+    study = searcher._optuna[0]._ot_study
+    assert [t.state.name for t in study.trials] == ["FAIL"]
+    assert searcher.best(0) is None
+
+
+def test_save_and_restore_continue_the_same_search(optuna_plan, tmp_path):
+    plan = optuna_plan(seed=5)
+    uninterrupted = run(SweepSearcher(plan))
+    before = SweepSearcher(plan)
+    head = run(before, limit=5)
+    before.save(str(tmp_path / "searcher.pkl"))
+    after = SweepSearcher(plan)
+    after.restore(str(tmp_path / "searcher.pkl"))
+    tail = run(after, start=5)
+    assert [key(t) for t in head + tail] == [key(t) for t in uninterrupted]
+
+
+def test_warm_start_begins_at_the_neighbouring_optimum(optuna_plan):
+    plan = optuna_plan(epsilon=(1, 4), warm_start=True, budget=8)
+    searcher = SweepSearcher(plan)
+    trials = run(searcher)
+    first_cell, second_cell = trials[:8], trials[8:]
+    assert {t["meta"]["cell"] for t in first_cell} == {plan.cells[0].cell.key}
+    best = max(first_cell, key=lambda t: objective(t["train"]))
+    start = second_cell[0]["train"]
+    assert (start["clip_bound"], second_cell[0]["meta"]["lr_multiplier"]) == \
+        (best["train"]["clip_bound"], best["meta"]["lr_multiplier"])
+    nearest = min(plan.cells[1].searched_batch_sizes, key=lambda b: abs(math.log(b / best["train"]["batch_size"])))
+    assert start["batch_size"] == nearest
+    cold = run(SweepSearcher(optuna_plan(epsilon=(1, 4), warm_start=False, budget=8)))
+    assert [key(t) for t in cold[:8]] == [key(t) for t in first_cell]   # the first cell is unaffected
+    assert key(cold[8]) != key(second_cell[0])                          # and TPE alone starts elsewhere
+
+
+def test_repeats_are_never_trained_twice_and_every_proposal_is_answered(optuna_plan, catalog, toy_spec):
+    spec = load_spec(toy_spec(clip_bound=[1], learning_rate={"reference": 1, "reference_batch_size": 20},
+                              axes={"epsilon": 1, "backbone": "mlp", "dataset": "toy", "epochs": 2},
+                              search={"algorithm": "optuna", "budget": 4}), catalog)
+    plan = plan_sweep(spec, catalog, workers=1)
+    assert len(plan.cells[0].grid) == 4                            # 1 C × 4 B × 1 η
+    searcher = SweepSearcher(plan)
+    running = [searcher.suggest(f"r{i}") for i in range(4)]        # four trials in flight at once
+    assert len({key(c["trial"]) for c in running}) == 4            # running configurations are not re-proposed
+    assert searcher.suggest("r4") == Searcher.FINISHED
+    for i, config in enumerate(running):
+        searcher.on_trial_complete(f"r{i}", {"accuracy": objective(config["trial"]["train"])})
+    states = {t.state.name for t in searcher._optuna[0]._ot_study.trials}
+    assert states <= {"COMPLETE", "FAIL"}                          # nothing left dangling in the study
+
+    small = plan_sweep(load_spec(toy_spec(clip_bound=[1], learning_rate={"reference": 1, "reference_batch_size": 20},
+                                          axes={"epsilon": 1, "backbone": "mlp", "dataset": "toy", "epochs": 2},
+                                          search={"algorithm": "optuna", "budget": 4, "seed": 1}), catalog),
+                       catalog, workers=1)
+    sequential = run(SweepSearcher(small))
+    assert len(sequential) == len({key(t) for t in sequential}) <= 4
