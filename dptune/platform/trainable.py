@@ -24,6 +24,7 @@ def dp_trainable(config: dict) -> None:
     """Train the configured model with DP for the planned steps, reporting after every epoch."""
     cfg = TrainConfig.from_dict(config["trial"]["train"])
     trainer = Trainer(cfg)
+    check_plan(config["trial"].get("meta", {}), trainer)
     history: list[dict] = []
     state = tune_adapter.restore_state()
     if state is not None:
@@ -38,6 +39,16 @@ def dp_trainable(config: dict) -> None:
         history.append(metrics)
         tune_adapter.report(epoch_report(metrics, trainer),
                             state={"trainer": trainer.state_dict(), "history": history})
+
+
+def check_plan(meta: dict, trainer: Trainer) -> None:
+    """Refuse a trial whose precomputed σ was planned for another q or T (e.g. a wrong dataset
+    size): training with it would silently break the stated ε."""
+    plan = trainer.plan
+    if "steps" in meta and int(meta["steps"]) != plan.steps or \
+            "sample_rate" in meta and not math.isclose(float(meta["sample_rate"]), plan.sample_rate, rel_tol=1e-9):
+        raise ValueError(f"the trial was planned for q={meta.get('sample_rate')}, T={meta.get('steps')} but trains "
+                         f"with q={plan.sample_rate}, T={plan.steps}: its noise multiplier does not give the stated ε")
 
 
 def epoch_report(metrics: dict, trainer: Trainer) -> dict:
