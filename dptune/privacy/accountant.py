@@ -36,7 +36,7 @@ def worst_direction_epsilon(sigma: float, delta: float, q: float, steps: int, no
     """ε of the worse adjacency direction; stops early once one direction exceeds ``stop_above``
     (then the value returned is only known to exceed it). Inputs must be validated already."""
     worst = 0.0
-    for prv in step_prvs(norm_estimator, sigma, q, sketch_k):
+    for prv in step_prvs(norm_estimator, sigma, q, sketch_k, delta=delta, steps=steps):
         worst = max(worst, compose_epsilon(prv, steps, delta))
         if worst > stop_above:
             break

@@ -1,7 +1,9 @@
 """Per-step privacy random variables for each way of clipping, by ``norm_estimator``.
 
 A registry: each entry maps (σ, q, sketch_k) to the PRVs of one step, one per adjacency direction
-(add/remove adjacency is the worse of the two). Randomised clipping adds its own entries.
+(add/remove adjacency is the worse of the two). Randomised clipping adds its own entries (module
+``randomized``). Builders also receive the target ``delta`` and the number of ``steps`` (keywords),
+for mechanisms that charge a small per-step tail to δ.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Callable, Sequence
 
 from .prv import StepPRV, SubsampledGaussianPRV
 
-MechanismBuilder = Callable[[float, float, "int | None"], Sequence[StepPRV]]
+MechanismBuilder = Callable[..., Sequence[StepPRV]]  # (σ, q, sketch_k, *, delta, steps)
 MECHANISMS: dict[str, MechanismBuilder] = {}
 
 
@@ -22,18 +24,19 @@ def register_mechanism(norm_estimator: str) -> Callable[[MechanismBuilder], Mech
 
 
 @register_mechanism("exact")
-def exact_clipping(noise_multiplier: float, sample_rate: float, sketch_k: int | None) -> Sequence[StepPRV]:
+def exact_clipping(noise_multiplier: float, sample_rate: float, sketch_k: int | None, *, delta: float,
+                   steps: int) -> Sequence[StepPRV]:
     """DP-SGD with exact per-sample norms: the Poisson-subsampled Gaussian, both directions."""
     directions = ("remove",) if sample_rate == 1.0 else ("remove", "add")  # q = 1: the two coincide
     return [SubsampledGaussianPRV(sample_rate, noise_multiplier, d) for d in directions]
 
 
 def step_prvs(norm_estimator: str, noise_multiplier: float, sample_rate: float,
-              sketch_k: int | None) -> Sequence[StepPRV]:
+              sketch_k: int | None, *, delta: float, steps: int) -> Sequence[StepPRV]:
     """The per-step PRVs of a clipping method."""
     try:
         builder = MECHANISMS[norm_estimator]
     except KeyError:
         raise ValueError(f"norm_estimator {norm_estimator!r} has no accountant; "
                          f"registered: {', '.join(sorted(MECHANISMS))}") from None
-    return builder(noise_multiplier, sample_rate, sketch_k)
+    return builder(noise_multiplier, sample_rate, sketch_k, delta=delta, steps=steps)

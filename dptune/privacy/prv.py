@@ -12,7 +12,9 @@ guarantees.
 A per-step PRV here is any object with ``cdf(t)``, ``sf(t)`` (vectorised over numpy arrays),
 ``rdp(orders)`` (Rényi DP at the given orders, an upper bound is enough: it only sizes the domain)
 and optionally ``pm_inf``, a per-step probability of an infinite privacy loss (a tail charged to
-δ; the CDF is then conditioned on a finite loss).
+δ; the CDF is then conditioned on a finite loss), and ``truncated_mean(t_min, t_max)``,
+E[L | t_min ≤ L ≤ t_max] computed by the PRV itself (for piecewise CDFs that adaptive quadrature
+handles badly).
 """
 from __future__ import annotations
 
@@ -160,7 +162,9 @@ def discretise(prv: StepPRV, domain: Domain) -> DiscretePrivacyRandomVariable:
     pmf = np.maximum(pmf, 0.0)
     mass = 1.0 - float(cdf[0]) - float(sf[-1])
     pmf = pmf / pmf.sum()
-    shift = _truncated_mean(prv, edges, cdf, mass) - float(np.dot(centres, pmf))
+    mean = (prv.truncated_mean(float(edges[0]), float(edges[-1])) if hasattr(prv, "truncated_mean")
+            else _truncated_mean(prv, edges, cdf, mass))
+    shift = mean - float(np.dot(centres, pmf))
     if not abs(shift) < dt / 2:
         raise RuntimeError("PRV discretisation: discrete mean differs from the continuous mean")
     return DiscretePrivacyRandomVariable(pmf, domain.shift_right(shift))
