@@ -21,14 +21,17 @@ warnings.filterwarnings("ignore")
 SHAPES = {"cnn": (1, 28, 28), "wrn16_4": (3, 32, 32), "mlp": (1, 28, 28)}
 
 
-def median_time(step, repeats: int) -> float:
-    step()  # warm-up
-    times = []
+def interleaved_medians(steps: dict, repeats: int) -> dict[str, float]:
+    """Median step time of each method, timed round-robin so load changes hit all alike."""
+    for step in steps.values():
+        step()  # warm-up
+    times = {name: [] for name in steps}
     for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def bench(name: str, B: int, repeats: int, micro: int | None) -> dict[str, float]:
@@ -65,8 +68,8 @@ def bench(name: str, B: int, repeats: int, micro: int | None) -> dict[str, float
         nn.functional.cross_entropy(o_model(x), y).backward()
         o_opt.step()
 
-    return {"non-private": B / median_time(plain, repeats), "dptune": B / median_time(dptune_step, repeats),
-            "opacus": B / median_time(opacus_step, repeats)}
+    medians = interleaved_medians({"non-private": plain, "dptune": dptune_step, "opacus": opacus_step}, repeats)
+    return {name: B / t for name, t in medians.items()}
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ AGGREGATE = ("SELECT dataset, backbone, epsilon, count(*) AS n, max(accuracy) AS
 
 def trivial_trainable(config: dict) -> None:
     """Does no training: one report with a checkpoint, as a one-epoch trial would."""
-    tune_adapter.report({"accuracy": 0.5, "loss": 1.0, "epsilon_spent": 1.0, "epoch": 1, "history_json": "[]"},
-                        state={"step": 1})
+    tune_adapter.report({"accuracy": 0.5, "loss": 1.0, "epsilon_spent": 1.0, "epoch": 1},
+                        state={"history": [{"epoch": 1, "accuracy": 0.5, "loss": 1.0}]})
 
 
 def platform_overhead(n_trials: int) -> float:

@@ -29,8 +29,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                        description="Train one model with DP-SGD / DP-Adam and print accuracy, loss and ε spent "
                                    "after every epoch. σ is calibrated so that ε spent after all T = ⌈E·N/B⌉ "
                                    "steps does not exceed --epsilon.")
-    p.add_argument("--dataset", default=d.dataset, help="registered dataset (digits, mnist5k, …) [%(default)s]")
-    p.add_argument("--model", default=d.model, help="registered model (mlp, cnn, wrn16_4, …) [%(default)s]")
+    p.add_argument("--dataset", default=d.dataset,
+                   help="registered dataset (digits, mnist5k, bbc_news, cifar100, …) [%(default)s]")
+    p.add_argument("--model", default=d.model,
+                   help="registered model (mlp, cnn, wrn16_4, all-MiniLM-L6-v2, vit_tiny_patch16_224.augreg_in21k, "
+                        "timm:<name>, hf:<hub id or dir>, …) [%(default)s]")
     p.add_argument("--epsilon", type=_float_or_inf, default=d.epsilon,
                    help="privacy budget ε; 'inf' trains the non-private baseline [%(default)s]")
     p.add_argument("--delta", type=float, default=d.delta, help="δ [%(default)s]")
@@ -43,8 +46,27 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adam", "adamw"], help="[%(default)s]")
     p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum [%(default)s]")
     p.add_argument("--clip-fn", default=d.clip_fn, choices=["flat", "auto_s"], help="[%(default)s]")
+    p.add_argument("--norm-estimator", default=d.norm_estimator, choices=["exact", "hutchinson", "hutchpp"],
+                   help="per-sample norms: exact, or randomized clipping (Hutchinson / Hutch++ with --sketch-k "
+                        "probes; σ is calibrated with its accountant) [%(default)s]")
+    p.add_argument("--sketch-k", type=int, default=d.sketch_k, help="probes k of hutchinson / hutchpp (e.g. 32)")
+    p.add_argument("--denoise", default=d.denoise, choices=["rmt"],
+                   help="denoise the privatised gradient of 2-D parameters (rmt: RMT spectral shrinkage; "
+                        "post-processing, no privacy cost) [none]")
+    p.add_argument("--denoise-kappa", type=float, default=d.denoise_kappa,
+                   help="RMT gate κ: a layer is denoised only if its top singular value exceeds κ times the "
+                        "noise bulk edge [%(default)s]")
     p.add_argument("--max-physical-batch-size", type=int, default=None,
                    help="split logical batches into micro-batches of this size (memory only; same result)")
+    p.add_argument("--peft", default=d.peft, choices=["film", "lora", "head", "full"],
+                   help="pretrained backbones: what is trained (film: norm scale/bias + head; lora: adapters + "
+                        "head; head; full) [the backbone's default: film for ViT, lora for text]")
+    p.add_argument("--weights", default=d.weights,
+                   help="pretrained backbones: a local checkpoint file or directory, or 'random' [hub, or the HF "
+                        "cache when the hub is unreachable]")
+    p.add_argument("--data-dir", default=d.data_dir,
+                   help="local copy of an HF dataset: a save_to_disk directory, Parquet files or an image folder")
+    p.add_argument("--max-length", type=int, default=d.max_length, help="text: tokens per example [128]")
     p.add_argument("--seed", type=int, default=d.seed, help="[%(default)s]")
     p.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N [%(default)s]")
     p.add_argument("--json", metavar="FILE", help="also write the per-epoch metrics to FILE as JSON")
@@ -61,8 +83,11 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
     cfg = TrainConfig(dataset=args.dataset, model=args.model, epsilon=args.epsilon, delta=args.delta,
                       clip_bound=args.clip_bound, batch_size=args.batch_size, learning_rate=args.learning_rate,
                       epochs=args.epochs, optimizer=args.optimizer, momentum=args.momentum, clip_fn=args.clip_fn,
+                      norm_estimator=args.norm_estimator, sketch_k=args.sketch_k,
+                      denoise=args.denoise, denoise_kappa=args.denoise_kappa,
                       max_physical_batch_size=args.max_physical_batch_size, seed=args.seed,
-                      device=args.device).validate()
+                      device=args.device, peft=args.peft, weights=args.weights, data_dir=args.data_dir,
+                      max_length=args.max_length).validate()
     trainer = Trainer(cfg)
     plan = trainer.plan
     print(f"{cfg.dataset}: {trainer.n_train} train / {len(trainer.data.test)} test, "
@@ -91,7 +116,255 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-COMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_train,)
+def _add_query(sub: argparse._SubParsersAction) -> None:
+    from .platform.query import DEFAULT_STORE, FORMATS
+
+    p = sub.add_parser("query", help="run SQL over a results store (DuckDB views trials, epochs, gradnorms)",
+                       description="Run SQL over the results store. Views: trials (one row per trial: axes, "
+                                   "hyperparameters, privacy figures, results, status, error), epochs (per-epoch "
+                                   "curves) and gradnorms (per-class gradient-norm statistics; NOT differentially "
+                                   "private).")
+    p.add_argument("sql", help='e.g. "SELECT epsilon, max(accuracy) FROM trials GROUP BY epsilon"')
+    p.add_argument("--store", default=DEFAULT_STORE, help="store or experiment folder, or s3://… [%(default)s]")
+    p.add_argument("--format", default="table", choices=FORMATS, help="[%(default)s]")
+    p.add_argument("--out", help="write the result to this file (needed for parquet)")
+    p.set_defaults(handler=lambda args, out: _run_query(args, out))
+
+
+def _run_query(args: argparse.Namespace, out: TextIO) -> int:
+    from .platform.query import run_query
+
+    run_query(args.store, args.sql, fmt=args.format, out_file=args.out, out=out)
+    return EXIT_OK
+
+
+def _add_compact(sub: argparse._SubParsersAction) -> None:
+    from .platform.query import DEFAULT_STORE
+
+    p = sub.add_parser("compact", help="merge a results store's small files (faster queries)",
+                       description="Merge the per-trial Parquet files of a results store into one file per "
+                                   "table, keeping the newest version of every trial. Safe while a sweep runs.")
+    p.add_argument("--store", default=DEFAULT_STORE, help="store or experiment folder [%(default)s]")
+    p.set_defaults(handler=_run_compact)
+
+
+def _run_compact(args: argparse.Namespace, out: TextIO) -> int:
+    from .platform.query import open_store
+
+    kept = open_store(args.store).compact()
+    for table, rows in kept.items():
+        print(f"{table}: " + ("nothing to merge" if rows < 0 else f"{rows} rows in one file"), file=out)
+    return EXIT_OK
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="print what a sweep spec would run, without running it",
+                       description="Validate SPEC, calibrate σ for every cell's batch-size candidates (in parallel, "
+                                   "reusing the on-disk accountant cache), prune them by the minimum-step and σ√T "
+                                   "plateau rules, and print a table per cell (B, q, T, σ, σ√T, kept/reason, η), "
+                                   "the number of trials and the estimated compute. Nothing is launched.")
+    p.add_argument("spec", metavar="SPEC", help="sweep spec (YAML), e.g. examples/digits_small.yaml")
+    p.add_argument("--workers", type=int, default=None, help="calibration processes [all CPUs]")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=run_plan)
+
+
+def run_plan(args: argparse.Namespace, out: TextIO) -> int:
+    from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
+    from .platform.catalog import trainables_catalog
+    from .search_spaces import format_plan, load_spec, plan_sweep
+
+    catalog = trainables_catalog()
+    spec = load_spec(args.spec, catalog)
+    plan = plan_sweep(spec, catalog, workers=args.workers, progress=not args.quiet, strict=False)
+    print(format_plan(plan), file=out)
+    if plan.empty_cells:
+        print(f"dptune plan: error: {len(plan.empty_cells)} cell(s) keep no batch size; the sweep would refuse "
+              "this spec", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def _clip_and_batch(text: str) -> tuple[float, float]:
+    try:
+        clip, batch = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected C,B (e.g. 1,256); got {text!r}") from None
+    return clip, batch
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas; got {text!r}") from None
+
+
+def _add_analysis_arguments(p: argparse.ArgumentParser) -> None:
+    from .platform.query import DEFAULT_STORE
+
+    p.add_argument("--store", default=DEFAULT_STORE, help="store or experiment folder, or s3://… [%(default)s]")
+    p.add_argument("--out", help="output folder [analysis/ beside the store]")
+    p.add_argument("--across", default="epsilon",
+                   help="axis of the panel grid: epsilon, dataset, backbone, epochs, or a training option that "
+                        "varies in the store [%(default)s]")
+    p.add_argument("--fixed", metavar="C,B", type=_clip_and_batch,
+                   help="the one global (C, B) compared with each cell's optimum [the best on average]")
+
+
+def _add_heatmap(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("heatmap", help="C × B heatmaps of the best accuracy over η, per cell (PNG and SVG)",
+                       description="For every cell of the store, a C × B heatmap of the best mean test accuracy "
+                                   "over η with the optimum starred and its η written; panels grouped across "
+                                   "--across; and the cost of one fixed (C, B) against each cell's optimum. "
+                                   "Writes PNG, SVG and CSV files.")
+    _add_analysis_arguments(p)
+    p.set_defaults(handler=_run_heatmap)
+
+
+def _run_heatmap(args: argparse.Namespace, out: TextIO) -> int:
+    from .analysis.report import default_out_dir, write_heatmaps
+    from .platform.query import open_store
+
+    store = open_store(args.store)
+    for path in write_heatmaps(store, args.out or default_out_dir(store.root), across=args.across, fixed=args.fixed,
+                               out=out):
+        print(f"wrote {path}", file=out)
+    return EXIT_OK
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    from .analysis.noise import MIN_STEPS, PLATEAU_TOL
+
+    p = sub.add_parser("report", help="one self-contained HTML report of a sweep",
+                       description="Write report.html (figures embedded): the sweep summary, the optimal (C, B, η) "
+                                   "per cell and the cost of a fixed setting, heatmaps, σ√T-versus-B noise curves, "
+                                   "and per-class gradient norms and retention weights (NOT differentially "
+                                   "private, and labelled so).")
+    _add_analysis_arguments(p)
+    p.add_argument("--noise-batch-sizes", type=_int_list, metavar="B1,B2,…",
+                   help="batch sizes of the noise curves, besides those the sweep ran [powers of two up to N]")
+    p.add_argument("--min-steps", type=int, default=MIN_STEPS, help="minimum-step floor [%(default)s]")
+    p.add_argument("--plateau-tol", type=float, default=PLATEAU_TOL, help="σ√T plateau tolerance [%(default)s]")
+    p.set_defaults(handler=_run_report)
+
+
+def _run_report(args: argparse.Namespace, out: TextIO) -> int:
+    from .analysis.report import default_out_dir, write_report
+    from .platform.query import open_store
+
+    store = open_store(args.store)
+    path = write_report(store, args.out or default_out_dir(store.root), across=args.across, fixed=args.fixed,
+                        noise_batch_sizes=args.noise_batch_sizes, min_steps=args.min_steps,
+                        plateau_tol=args.plateau_tol)
+    print(f"wrote {path}", file=out)
+    return EXIT_OK
+
+
+def _add_optimal_clip(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("optimal-clip", help="C* (Theorem 5.2) from per-sample gradients at a checkpoint "
+                                            "(non-private diagnostic)",
+                       description="Compute the optimal clipping bound C* minimising "
+                                   "MSE(C) = ‖Σḡ_i − Σg_i‖² + σ²C²d for one batch of per-sample gradients at a "
+                                   "trial's checkpoint (or saved with --save-grads), and compare it with the trial's "
+                                   "C. NOT differentially private: it reads the true gradients of private training "
+                                   "examples.")
+    p.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT",
+                   help="state.pt, a checkpoint or trial folder, or an experiment folder with --trial")
+    p.add_argument("--trial", help="trial id, when CHECKPOINT is an experiment folder")
+    p.add_argument("--grads", metavar="FILE.npz", help="use per-sample gradients saved by --save-grads instead")
+    p.add_argument("--examples", type=int, help="examples in the batch [the trial's expected batch size B]")
+    p.add_argument("--sigma", type=float, help="noise multiplier σ [the trial's]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the examples drawn [%(default)s]")
+    p.add_argument("--save-grads", metavar="FILE.npz", help="also save the per-sample gradients and labels")
+    p.add_argument("--out", help="write optimal_clip.png/.svg (MSE(C) and retention) and optimal_clip.json here")
+    p.set_defaults(handler=_run_optimal_clip)
+
+
+def _run_optimal_clip(args: argparse.Namespace, out: TextIO) -> int:
+    import numpy as np
+
+    from .analysis.diagnostic import clip_diagnostic
+
+    if bool(args.checkpoint) == bool(args.grads):
+        raise ValueError("give a CHECKPOINT or --grads FILE.npz (one of them)")
+    if args.grads:
+        saved = np.load(args.grads)
+        grads, labels = saved["grads"], saved["labels"]
+        sigma, clip, source = float(saved["noise_multiplier"]), float(saved["clip_bound"]), args.grads
+    else:
+        from .platform.checkpoints import checkpoint_gradients
+
+        ckpt = checkpoint_gradients(args.checkpoint, trial_id=args.trial, examples=args.examples, seed=args.seed)
+        grads, labels, sigma, clip = ckpt.grads, ckpt.labels, ckpt.noise_multiplier, ckpt.clip_bound
+        source = ckpt.source
+        if args.save_grads:
+            np.savez_compressed(args.save_grads, grads=grads, labels=labels, noise_multiplier=sigma, clip_bound=clip)
+    clip_diagnostic(grads, labels, sigma if args.sigma is None else args.sigma, clip, source=source, out=out,
+                    folder=args.out)
+    return EXIT_OK
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="run a sweep on Ray Tune (no SPEC: the embedded default on local Ray)",
+                       description="Validate and plan SPEC (see `dptune plan`), then run every trial on Ray Tune: "
+                                   "embedded local Ray by default, or a cluster with --address. Each trial is "
+                                   "checkpointed every epoch and retried after a node failure; finished and errored "
+                                   "trials are written to the Parquet results store under "
+                                   "<storage>/<experiment>/store. Without SPEC, runs the embedded default sweep "
+                                   "(digits, small CNN, two ε, a pruned (C, B, η) grid) in a few minutes.")
+    p.add_argument("spec", metavar="SPEC", nargs="?", help="sweep spec (YAML) [the embedded default]")
+    p.add_argument("--address", help="Ray cluster to join, e.g. auto on a cluster's head node [start local Ray]")
+    p.add_argument("--storage", help="override the spec's storage: a path, NFS path or s3://bucket/prefix")
+    p.add_argument("--quiet", action="store_true", help="no calibration progress bar")
+    p.set_defaults(handler=run_sweep_command)
+
+
+def run_sweep_command(args: argparse.Namespace, out: TextIO) -> int:
+    from .platform.sweep import prepare, run_sweep
+
+    plan, settings = prepare(args.spec, storage=args.storage, progress=not args.quiet, out=out)
+    outcome = run_sweep(plan, settings, address=args.address, out=out)
+    return _report_outcome(outcome, out)
+
+
+def _report_outcome(outcome, out: TextIO) -> int:
+    """Print what the sweep found and draw its heatmaps beside the store."""
+    from .analysis.report import write_heatmaps
+    from .platform.store import ResultsStore
+    from .platform.sweep import summary_table
+
+    print(f"\n{outcome.finished} trials finished, {outcome.errored} errored; results store: {outcome.store_root}\n"
+          f"best configuration per cell (diagnostic; selecting on test accuracy is not private):\n"
+          f"{summary_table(outcome.store_root)}", file=out)
+    if outcome.finished:
+        figures_dir = f"{outcome.experiment_path}/analysis"
+        write_heatmaps(ResultsStore(outcome.store_root), figures_dir)
+        print(f"heatmaps: {figures_dir}  (full report: dptune report --store {outcome.experiment_path})", file=out)
+    return EXIT_OK if outcome.errored == 0 else EXIT_FAILURE
+
+
+def _add_resume(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("resume", help="continue an interrupted sweep",
+                       description="Restore a sweep's Ray Tune experiment: unfinished trials resume from their last "
+                                   "checkpoint, errored trials resume (or restart with --restart-errored), finished "
+                                   "trials are kept, and the searcher (grid, random or Optuna) continues where it was.")
+    p.add_argument("experiment", metavar="EXPERIMENT", help="the experiment folder <storage>/<experiment>")
+    p.add_argument("--restart-errored", action="store_true", help="rerun errored trials from scratch")
+    p.add_argument("--address", help="Ray cluster to join [start local Ray]")
+    p.set_defaults(handler=run_resume_command)
+
+
+def run_resume_command(args: argparse.Namespace, out: TextIO) -> int:
+    from .platform.sweep import resume_sweep
+
+    outcome = resume_sweep(args.experiment, restart_errored=args.restart_errored, address=args.address, out=out)
+    return _report_outcome(outcome, out)
+
+
+COMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (
+    _add_train, _add_plan, _add_sweep, _add_resume, _add_query, _add_compact, _add_heatmap, _add_report,
+    _add_optimal_clip)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,7 @@
 """DP training: the engine, per-sample norms, models, data and (later) the Ray Tune trainable."""
+from .denoise import rmt_denoise
 from .engine import DPEngine
+from .norm_estimators import ghost_sq_norms, hutchinson_sq_norms, hutchpp_sq_norms
 from .sampling import PoissonSampler
 
-__all__ = ["DPEngine", "PoissonSampler"]
+__all__ = ["DPEngine", "PoissonSampler", "ghost_sq_norms", "hutchinson_sq_norms", "hutchpp_sq_norms", "rmt_denoise"]

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from ..privacy import NORM_ESTIMATORS
 from .clipping import CLIP_FNS
+from .denoise import DEFAULT_KAPPA
+from .engine import DENOISERS
+from .finetuning import PEFT_METHODS
 from .optimizers import OPTIMIZERS
 
 
@@ -26,12 +29,17 @@ class TrainConfig:
     clip_fn: str = "flat"              # flat | auto_s
     norm_estimator: str = "exact"
     sketch_k: int | None = None
-    denoise: str | None = None
+    denoise: str | None = None         # None | rmt: spectral denoising of 2-D gradients (no privacy cost)
+    denoise_kappa: float = DEFAULT_KAPPA  # RMT gate κ: denoise a layer only if λ̃₁ > κ·s(√m+√n)
     max_physical_batch_size: int | None = None
     seed: int = 0
     device: str = "auto"               # auto | cpu | cuda | cuda:N
     noise_multiplier: float | None = None  # σ precomputed by a planner; None: calibrate here
     model_options: dict = field(default_factory=dict)
+    peft: str | None = None            # pretrained backbones: film | lora | head | full (None: the backbone's default)
+    weights: str | None = None         # pretrained backbones: None (hub, or HF cache) | local file/dir | "random"
+    data_dir: str | None = None        # local copy of an HF dataset: save_to_disk dir, Parquet files or image folder
+    max_length: int | None = None      # text: tokens per example (None: the dataset's default, 128)
 
     @property
     def private(self) -> bool:
@@ -53,9 +61,15 @@ class TrainConfig:
         need(self.momentum >= 0, "momentum", ">= 0")
         need(self.clip_fn in CLIP_FNS, "clip_fn", f"one of {', '.join(CLIP_FNS)}")
         need(self.norm_estimator in NORM_ESTIMATORS, "norm_estimator", f"one of {', '.join(NORM_ESTIMATORS)}")
+        need(self.denoise is None or self.denoise in DENOISERS, "denoise", f"None or one of {', '.join(DENOISERS)}")
+        need(math.isfinite(self.denoise_kappa) and self.denoise_kappa >= 1, "denoise_kappa",
+             ">= 1 (the gate sits at κ times the noise bulk edge)")
         need(self.max_physical_batch_size is None or self.max_physical_batch_size >= 1,
              "max_physical_batch_size", "None or >= 1")
         need(self.noise_multiplier is None or self.noise_multiplier >= 0, "noise_multiplier", "None or >= 0")
+        need(self.peft is None or self.peft in PEFT_METHODS, "peft", f"None or one of {', '.join(PEFT_METHODS)}")
+        need(self.max_length is None or (isinstance(self.max_length, int) and self.max_length >= 2), "max_length",
+             "None or a whole number >= 2")
         return self
 
     @classmethod

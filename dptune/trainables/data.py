@@ -1,4 +1,4 @@
-"""Dataset registry with one interface for every source (embedded sets here, HF sets later).
+"""Dataset registry with one interface for every source (embedded sets here, HF sets in ``hf_data``).
 
 ``load_dataset(name, seed=…)`` returns a :class:`DatasetSplits`: train and test
 ``torch.utils.data.Dataset``s, the number of classes, class names and the input shape. Embedded
@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset, TensorDataset, default_collate
+
+from .registry import check_options
 
 DATASETS: dict[str, Callable[..., "DatasetSplits"]] = {}
 
@@ -37,9 +39,11 @@ def register_dataset(name: str) -> Callable:
 
 
 def load_dataset(name: str, *, seed: int = 0, **options: object) -> DatasetSplits:
-    """Load a registered dataset; unknown names raise ValueError listing the registered ones."""
+    """Load a registered dataset; unknown names raise ValueError listing the registered ones, unknown
+    options one listing the options the dataset takes."""
     if name not in DATASETS:
         raise ValueError(f"dataset must be one of {', '.join(sorted(DATASETS))}; got {name!r}")
+    check_options("dataset", name, DATASETS[name], options, implicit=("seed",))
     return DATASETS[name](seed=seed, **options)
 
 
@@ -82,3 +86,7 @@ def mnist5k(*, seed: int = 0, test_size: float = 0.2) -> DatasetSplits:
 
     x, y = mnist_data()  # rows sorted by label: the stratified shuffle split is essential
     return _image_splits("mnist5k", x / 255.0, y, [str(c) for c in range(10)], (1, 28, 28), test_size, seed)
+
+
+# The HF-backed sets register themselves here (imported last: they use the registry above).
+from . import hf_data  # noqa: E402,F401

@@ -17,13 +17,17 @@ from torch import nn
 
 from .batching import Inputs, batch_len, micro_batches
 from .clipping import CLIP_FNS, clip_factors
+from .denoise import DEFAULT_KAPPA, rmt_denoise_matrices
 from .norm_stats import class_norm_statistics
+from .hook_norms import hook_engine
 from .per_sample import ExactNormEngine, LossFn, check_model, trainable_parameters
 
 #: Per-sample norm engines by ``norm_estimator``; randomised estimators register here too.
-NORM_ENGINES: dict[str, Callable[..., object]] = {"exact": ExactNormEngine}
-#: Gradient denoisers by ``denoise`` name: fn(ĝ matrix, noise std per entry) -> matrix.
-DENOISERS: dict[str, Callable[..., torch.Tensor]] = {}
+NORM_ENGINES: dict[str, Callable[..., object]] = {
+    "exact": ExactNormEngine, "hutchinson": hook_engine("hutchinson"), "hutchpp": hook_engine("hutchpp")}
+#: Gradient denoisers by ``denoise`` name: fn({name: ĝ of a 2-D parameter}, noise std per entry, *, kappa)
+#: -> ({name: denoised matrix}, step statistics). They see the privatised ĝ and nothing per-sample.
+DENOISERS: dict[str, Callable[..., tuple[dict[str, torch.Tensor], dict]]] = {"rmt": rmt_denoise_matrices}
 
 
 class DPEngine:
@@ -33,13 +37,15 @@ class DPEngine:
     no privacy), ``expected_batch_size`` B = qN. The guarantee holds only when the batches passed
     to :meth:`private_gradient` are Poisson-sampled with rate q = B/N (see ``PoissonSampler``) and
     σ comes from ``dptune.privacy.calibrate_noise`` for the same q, steps and norm estimator.
-    ``generator`` drives the Gaussian noise (seed it for reproducible runs).
+    ``generator`` drives the Gaussian noise (seed it for reproducible runs). ``denoise`` names a
+    ``DENOISERS`` entry applied to the 2-D parameters' ĝ (post-processing, no privacy cost) with
+    gate factor ``denoise_kappa``.
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, clip_bound: float, noise_multiplier: float,
                  expected_batch_size: float, norm_estimator: str = "exact", sketch_k: int | None = None,
                  denoise: str | None = None, clip_fn: str = "flat", max_physical_batch_size: int | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, denoise_kappa: float = DEFAULT_KAPPA) -> None:
         if not clip_bound > 0:
             raise ValueError(f"clip_bound must be > 0; got {clip_bound!r}")
         if not noise_multiplier >= 0:
@@ -53,6 +59,8 @@ class DPEngine:
         if denoise is not None and denoise not in DENOISERS:
             allowed = ", ".join(["None", *DENOISERS])
             raise ValueError(f"denoise must be one of {allowed}; got {denoise!r}")
+        if not denoise_kappa >= 1:
+            raise ValueError(f"denoise_kappa must be >= 1; got {denoise_kappa!r}")
         if max_physical_batch_size is not None and max_physical_batch_size < 1:
             raise ValueError(f"max_physical_batch_size must be >= 1 or None; got {max_physical_batch_size!r}")
         check_model(model)
@@ -63,6 +71,7 @@ class DPEngine:
         self.expected_batch_size = float(expected_batch_size)
         self.clip_fn = clip_fn
         self.denoise = denoise
+        self.denoise_kappa = float(denoise_kappa)
         self.max_physical_batch_size = max_physical_batch_size
         self.generator = generator
         self.norms = NORM_ENGINES[norm_estimator](model, loss_fn, sketch_k=sketch_k, generator=generator)
@@ -72,7 +81,7 @@ class DPEngine:
 
         Returns ``norms`` (per-sample norms used for clipping), ``clipped_fraction``,
         ``batch_size`` (realised) and, for integer class targets, ``per_class`` statistics — all
-        non-private diagnostics.
+        non-private diagnostics — and, when denoising, the denoiser's ``denoise`` statistics.
         """
         C = self.clip_bound
         sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
@@ -85,16 +94,25 @@ class DPEngine:
                 all_norms.append(norms.detach())
         scale = 1.0 / (self.expected_batch_size * C)
         noise_std = self.noise_multiplier * C
-        for name, p in self.params.items():
-            g = sums[name]
+        private = {}
+        for name, g in sums.items():
             if noise_std > 0:
                 g = g + noise_std * self._gaussian_like(g)
-            g = g * scale
-            if self.denoise is not None and g.dim() == 2:
-                g = DENOISERS[self.denoise](g, self.noise_multiplier / self.expected_batch_size)
-            p.grad = g.to(p.dtype)
+            private[name] = g * scale
+        denoise_stats = None
+        if self.denoise is not None:
+            # Post-processing: the denoiser gets ĝ of the 2-D parameters and s = σ/B, nothing else.
+            matrices = {n: g.detach() for n, g in private.items() if g.dim() == 2}
+            entry_std = self.noise_multiplier / self.expected_batch_size
+            denoised, denoise_stats = DENOISERS[self.denoise](matrices, entry_std, kappa=self.denoise_kappa)
+            private.update(denoised)
+        for name, p in self.params.items():
+            p.grad = private[name].to(p.dtype)
         norms = torch.cat(all_norms) if all_norms else torch.zeros(0, device=targets.device)
-        return self._statistics(norms, targets)
+        stats = self._statistics(norms, targets)
+        if denoise_stats is not None:
+            stats["denoise"] = denoise_stats
+        return stats
 
     def _gaussian_like(self, t: torch.Tensor) -> torch.Tensor:
         if self.generator is None:

@@ -1,7 +1,9 @@
 """Model registry: ``create_model(name, num_classes=…, input_shape=…, **overrides)``.
 
 Entry functions set architecture only. Every model here uses GroupNorm, never BatchNorm: batch
-statistics mix examples and break per-sample privacy.
+statistics mix examples and break per-sample privacy. Pretrained backbones (``vision_models``,
+``text_models``) register here too, with an input spec saying how the data must be prepared for
+them (``data_options``); open-ended families are addressed as ``prefix:name``.
 """
 from __future__ import annotations
 
@@ -10,22 +12,56 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .registry import check_options, lookup
+
 MODELS: dict[str, Callable[..., nn.Module]] = {}
+#: Factories of open-ended families by name prefix (``timm:<any timm name>``): fn(rest, **kwargs).
+MODEL_FAMILIES: dict[str, Callable[..., nn.Module]] = {}
+#: How a pretrained backbone's inputs must be prepared (resolution and normalisation, or the
+#: tokenizer), by model name and by family prefix: fn([rest,] **model options) -> options for the
+#: dataset loader. Models trained from scratch have no entry.
+INPUT_SPECS: dict[str, Callable[..., dict]] = {}
+FAMILY_INPUT_SPECS: dict[str, Callable[..., dict]] = {}
 
 
-def register_model(name: str) -> Callable:
+def register_model(name: str, *, inputs: Callable[..., dict] | None = None) -> Callable:
+    """Register a model factory under ``name``, with its input spec if it is pretrained."""
     def decorate(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         MODELS[name] = fn
+        if inputs is not None:
+            INPUT_SPECS[name] = inputs
+        return fn
+
+    return decorate
+
+
+def register_family(prefix: str, *, inputs: Callable[..., dict] | None = None) -> Callable:
+    """Register a factory for every model named ``prefix:<rest>`` (called as fn(rest, …))."""
+    def decorate(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        MODEL_FAMILIES[prefix] = fn
+        if inputs is not None:
+            FAMILY_INPUT_SPECS[prefix] = inputs
         return fn
 
     return decorate
 
 
 def create_model(name: str, *, num_classes: int, input_shape: tuple[int, ...], **overrides: object) -> nn.Module:
-    """Build a registered model; unknown names raise ValueError listing the registered ones."""
-    if name not in MODELS:
-        raise ValueError(f"model must be one of {', '.join(sorted(MODELS))}; got {name!r}")
-    return MODELS[name](num_classes=num_classes, input_shape=tuple(input_shape), **overrides)
+    """Build a registered model (or ``family:name``); unknown names raise ValueError listing the
+    registered ones, unknown options one listing the options the model takes."""
+    fn = lookup(name, MODELS, MODEL_FAMILIES)
+    if fn is None:
+        families = "".join(f", {p}:<name>" for p in sorted(MODEL_FAMILIES))
+        raise ValueError(f"model must be one of {', '.join(sorted(MODELS))}{families}; got {name!r}")
+    check_options("model", name, fn, overrides, implicit=("num_classes", "input_shape"))
+    return fn(num_classes=num_classes, input_shape=tuple(input_shape), **overrides)
+
+
+def data_options(name: str, **model_options: object) -> dict:
+    """Options the dataset loader needs to prepare inputs for model ``name`` (image resolution and
+    normalisation, or tokenizer); empty for models trained from scratch."""
+    spec = lookup(name, INPUT_SPECS, FAMILY_INPUT_SPECS)
+    return {} if spec is None else spec(**model_options)
 
 
 def parameter_summary(model: nn.Module) -> tuple[int, int]:
@@ -97,3 +133,7 @@ def wide_resnet(*, num_classes: int, input_shape: tuple[int, ...], depth: int = 
             c_in = c_out
     layers += [nn.GroupNorm(groups, c_in), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes)]
     return nn.Sequential(*layers)
+
+
+# Pretrained backbones register themselves here (imported last: they use the registry above).
+from . import text_models, vision_models  # noqa: E402,F401

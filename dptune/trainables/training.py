@@ -20,8 +20,9 @@ from ..privacy import calibrate_noise, epsilon_spent
 from .batching import model_outputs, to_device
 from .config import TrainConfig
 from .data import DatasetSplits, load_dataset, take
+from .denoise import epoch_denoise_metrics
 from .engine import DPEngine
-from .models import create_model, parameter_summary
+from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
 from .optimizers import make_optimizer
 from .sampling import PoissonSampler
@@ -84,6 +85,19 @@ def evaluate(model: nn.Module, dataset: torch.utils.data.Dataset, num_classes: i
             "per_class_accuracy": (correct / total.clamp_min(1)).tolist()}
 
 
+def _given(**options: object) -> dict:
+    """The options that are set (not None)."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def load_training_data(cfg: TrainConfig, model_options: dict) -> DatasetSplits:
+    """The run's dataset, prepared for its model: the backbone's input spec (resolution and
+    normalisation, or tokenizer) plus the config's data options. A dataset that cannot be prepared
+    for the backbone (e.g. 8×8 digits for a ViT) is refused for not taking those options."""
+    return load_dataset(cfg.dataset, seed=cfg.seed, **data_options(cfg.model, **model_options),
+                        **_given(data_dir=cfg.data_dir, max_length=cfg.max_length))
+
+
 class Trainer:
     """State and loop of one run; ``run_epoch`` trains to the next epoch boundary and evaluates."""
 
@@ -91,11 +105,12 @@ class Trainer:
         self.cfg = cfg.validate()
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
-        self.data = data or load_dataset(cfg.dataset, seed=cfg.seed)
+        model_options = {**_given(peft=cfg.peft, weights=cfg.weights), **cfg.model_options}
+        self.data = data or load_training_data(cfg, model_options)
         self.n_train = len(self.data.train)
         self.plan = plan_privacy(cfg, self.n_train)
         self.model = create_model(cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
-                                  **cfg.model_options).to(self.device)
+                                  **model_options).to(self.device)
         self.trainable, self.total_params = parameter_summary(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, momentum=cfg.momentum,
@@ -108,7 +123,7 @@ class Trainer:
                                    noise_multiplier=self.plan.noise_multiplier, expected_batch_size=cfg.batch_size,
                                    norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k, denoise=cfg.denoise,
                                    clip_fn=cfg.clip_fn, max_physical_batch_size=cfg.max_physical_batch_size,
-                                   generator=self.noise_generator)
+                                   generator=self.noise_generator, denoise_kappa=cfg.denoise_kappa)
         self.step = 0
         self.epoch = 0
         self.train_time_s = 0.0
@@ -125,8 +140,9 @@ class Trainer:
     def done(self) -> bool:
         return self.step >= self.plan.steps
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """One optimizer step on a Poisson batch; returns (norms, labels) when private."""
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict | None] | None:
+        """One optimizer step on a Poisson batch; returns (norms, labels, denoise statistics or
+        None) when private."""
         idx = self.sampler.sample()
         x, y = take(self.data.train, idx)
         x, y = to_device(x, self.device), y.to(self.device)
@@ -134,7 +150,7 @@ class Trainer:
         out = None
         if self.engine is not None:
             stats = self.engine.private_gradient(x, y)
-            out = (stats["norms"].cpu(), y.cpu())
+            out = (stats["norms"].cpu(), y.cpu(), stats.get("denoise"))
             self.optimizer.step()
         elif len(y):  # non-private baseline: plain mean loss over the realised batch
             nn.functional.cross_entropy(model_outputs(self.model, x), y).backward()
@@ -146,12 +162,14 @@ class Trainer:
         """Train to the end of the next epoch, evaluate, and return the epoch's metrics."""
         self.epoch += 1
         start = time.perf_counter()
-        norms, labels = [], []
+        norms, labels, denoised = [], [], []
         while self.step < self.epoch_end_step(self.epoch):
             result = self.train_step()
             if result is not None:
                 norms.append(result[0])
                 labels.append(result[1])
+                if result[2] is not None:
+                    denoised.append(result[2])
             if progress is not None:
                 progress.update(1)
         self.train_time_s += time.perf_counter() - start
@@ -168,19 +186,29 @@ class Trainer:
             # Non-private diagnostic: computed from the private training examples.
             metrics["nonprivate_gradnorms"] = class_norm_statistics(all_norms, all_labels, self.cfg.clip_bound,
                                                                     histogram=True)
+            if self.cfg.denoise is not None:
+                metrics.update(epoch_denoise_metrics(denoised))
         else:
             metrics["epsilon_spent"] = math.inf
         return metrics
 
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The trainable parameters and the buffers: frozen weights are rebuilt from the config."""
+        return {**{n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad},
+                **dict(self.model.named_buffers())}
+
     def state_dict(self) -> dict:
         """Everything a resumed run needs: trainable weights, optimizer, RNG states, counters."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": self.trainable_state(), "optimizer": self.optimizer.state_dict(),
                 "sampler": self.sampler.state_dict(), "noise_generator": self.noise_generator.get_state(),
                 "torch_rng": torch.get_rng_state(), "step": self.step, "epoch": self.epoch,
                 "train_time_s": self.train_time_s, "config": self.cfg.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        missing = set(self.trainable_state()) - set(state["model"])
+        if missing:
+            raise ValueError(f"checkpoint lacks trainable tensors: {', '.join(sorted(missing))}")
+        self.model.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])
         self.noise_generator.set_state(state["noise_generator"])

@@ -1,0 +1,87 @@
+"""Hugging Face hub access that never hangs: probe once, otherwise use only local files.
+
+Pretrained backbones and the public datasets come from the hub when it is reachable, otherwise
+from the local HF cache or a path the user gives. Without this module an unreachable hub costs
+minutes of retries per file; here the first lookup probes the hub endpoint with a short timeout
+and, when it does not answer, every later lookup runs in the libraries' offline mode. Anything
+that is then missing raises :class:`ResourceNotFound`: one line naming what is missing and how to
+provide it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+from urllib.parse import urlparse
+
+#: Seconds the reachability probe waits for a TCP connection to the hub endpoint.
+PROBE_TIMEOUT_S = float(os.environ.get("DPTUNE_HUB_TIMEOUT", "3"))
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+class ResourceNotFound(FileNotFoundError):
+    """A model or dataset that is neither on a reachable hub nor available locally."""
+
+
+def _offline_requested() -> bool:
+    return any(os.environ.get(v, "").upper() in _TRUE
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+@functools.lru_cache(maxsize=1)
+def hub_reachable() -> bool:
+    """Whether the hub endpoint (``HF_ENDPOINT``) accepts a TCP connection within
+    ``PROBE_TIMEOUT_S``; False at once when ``HF_HUB_OFFLINE`` (or its aliases) is set.
+
+    The probe runs in a daemon thread so that a hanging DNS lookup cannot block the caller.
+    """
+    if _offline_requested():
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    address = (url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443))
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection(address, timeout=PROBE_TIMEOUT_S).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(PROBE_TIMEOUT_S + 0.5)
+    return bool(result and result[0])
+
+
+@contextmanager
+def hub_access() -> Iterator[bool]:
+    """Run hub lookups online if the hub is reachable, else in offline (cache-only) mode.
+
+    Yields whether the hub is online. ``huggingface_hub`` and ``datasets`` read their offline
+    switch once, at import; this sets their module-level switches for the duration of the block
+    (and restores them), so that transformers, timm and datasets fail at once on a cache miss
+    instead of retrying the network.
+    """
+    import datasets.config
+    import huggingface_hub.constants as hub_constants
+
+    online = hub_reachable()
+    saved = hub_constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    if not online:
+        hub_constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield online
+    finally:
+        hub_constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
+
+
+def unavailable(kind: str, name: str, source: str, how: str) -> ResourceNotFound:
+    """The one-line error for a missing model or dataset: what, where it was looked for, and how
+    to provide it."""
+    where = ("not found on the Hugging Face hub" if hub_reachable()
+             else "not in the local HF cache, and the hub is unreachable")
+    return ResourceNotFound(f"{kind} {name!r} is not available: {source} {where}; {how}")
