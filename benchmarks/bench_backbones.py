@@ -11,7 +11,7 @@ finetune: MiniLM + LoRA on the embedded BBC News set at ε = 8 and ε = 1 (δ = 
 the non-private baseline, through the same Trainer as ``dptune train``.
 
 Run: python benchmarks/bench_backbones.py throughput [--batch 64] [--rounds 5]
-     python benchmarks/bench_backbones.py finetune [--max-length 32] [--epochs 3]
+     python benchmarks/bench_backbones.py finetune [--max-length 32] [--epochs 6] [--batch 256]
 """
 from __future__ import annotations
 
@@ -157,11 +157,11 @@ def main() -> None:
     t.set_defaults(run=run_throughput)
     f = sub.add_parser("finetune")
     f.add_argument("--max-length", type=int, default=32)
-    f.add_argument("--epochs", type=float, default=3)
-    f.add_argument("--batch", type=int, default=64)
+    f.add_argument("--epochs", type=float, default=6)
+    f.add_argument("--batch", type=int, default=256)
     f.add_argument("--clip", type=float, default=1.0)
-    f.add_argument("--lr", type=float, default=2e-3, help="DP runs")
-    f.add_argument("--lr-nonprivate", type=float, default=1e-3)
+    f.add_argument("--lr", type=float, default=1e-2, help="DP runs")
+    f.add_argument("--lr-nonprivate", type=float, default=5e-3)
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(run=run_finetune)
     args = parser.parse_args()

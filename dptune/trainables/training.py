@@ -19,12 +19,13 @@ from tqdm.auto import tqdm
 from ..privacy import calibrate_noise, epsilon_spent
 from .batching import model_outputs, to_device
 from .config import TrainConfig
-from .data import DatasetSplits, load_dataset, take
+from .data import DATASETS, DatasetSplits, load_dataset, take
 from .denoise import epoch_denoise_metrics
 from .engine import DPEngine
 from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
 from .optimizers import make_optimizer
+from .registry import check_options
 from .sampling import PoissonSampler
 
 
@@ -93,9 +94,13 @@ def _given(**options: object) -> dict:
 def load_training_data(cfg: TrainConfig, model_options: dict) -> DatasetSplits:
     """The run's dataset, prepared for its model: the backbone's input spec (resolution and
     normalisation, or tokenizer) plus the config's data options. A dataset that cannot be prepared
-    for the backbone (e.g. 8×8 digits for a ViT) is refused for not taking those options."""
-    return load_dataset(cfg.dataset, seed=cfg.seed, **data_options(cfg.model, **model_options),
-                        **_given(data_dir=cfg.data_dir, max_length=cfg.max_length))
+    for the backbone (e.g. 8×8 digits for a ViT) is refused, saying so."""
+    prepared = data_options(cfg.model, **model_options)
+    if cfg.dataset in DATASETS:
+        check_options("dataset", cfg.dataset, DATASETS[cfg.dataset], prepared, implicit=("seed",),
+                      why=f"model {cfg.model!r} needs its inputs prepared with them")
+    return load_dataset(cfg.dataset, seed=cfg.seed, **prepared, **_given(data_dir=cfg.data_dir,
+                                                                       max_length=cfg.max_length))
 
 
 class Trainer:

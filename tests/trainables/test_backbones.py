@@ -237,7 +237,7 @@ def test_cli_reports_a_missing_model_as_one_line(offline, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "dptune-tests/no-such-model" in err
 
 
-def test_unknown_model_options_and_peft_for_scratch_models_are_refused():
+def test_unknown_options_peft_for_scratch_models_and_unpreparable_data_are_refused():
     with pytest.raises(ValueError, match="does not take option.*peft"):
         create_model("cnn", num_classes=3, input_shape=(1, 8, 8), peft="film")
     with pytest.raises(ValueError, match="peft must be one of"):
@@ -246,6 +246,8 @@ def test_unknown_model_options_and_peft_for_scratch_models_are_refused():
         create_model("timm:no_such_net", num_classes=3, input_shape=IMAGE_SHAPE, weights="random")
     with pytest.raises(ValueError, match="peft"):
         TrainConfig(peft="adapters").validate()
+    with pytest.raises(ValueError, match=f"digits.*image_size.*model '{VIT}' needs its inputs prepared"):
+        Trainer(TrainConfig(dataset="digits", model=VIT, weights="random", device="cpu"))
 
 
 def test_any_timm_model_by_family_prefix():
