@@ -17,6 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..privacy import calibrate_noise, epsilon_spent
+from ..privacy.schedule import num_steps, sample_rate
 from .batching import model_outputs, to_device
 from .config import TrainConfig
 from .data import DATASETS, DatasetSplits, load_dataset, take
@@ -46,8 +47,8 @@ def plan_privacy(cfg: TrainConfig, num_examples: int) -> PrivacyPlan:
     """q, T and σ for a config (σ = 0 for non-private runs; calibrated unless given)."""
     if cfg.batch_size > num_examples:
         raise ValueError(f"batch_size must be <= the training set size {num_examples}; got {cfg.batch_size}")
-    q = cfg.batch_size / num_examples
-    steps = math.ceil(cfg.epochs * num_examples / cfg.batch_size)
+    q = sample_rate(cfg.batch_size, num_examples)
+    steps = num_steps(cfg.epochs, num_examples, cfg.batch_size)
     if not cfg.private:
         return PrivacyPlan(q, steps, 0.0)
     sigma = cfg.noise_multiplier

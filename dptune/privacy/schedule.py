@@ -1,0 +1,20 @@
+"""The sampling schedule that accounting and training share: q = B/N and T = ⌈E·N/B⌉.
+
+Poisson sampling with expected batch size B out of N examples samples each example with
+probability q = B/N; E epochs are T = ⌈E·N/B⌉ steps. The planner, the noise curves of the
+analysis and the trainer all take q and T from here, so σ is always calibrated for the q and T
+the trainer runs.
+"""
+from __future__ import annotations
+
+import math
+
+
+def sample_rate(batch_size: int, dataset_size: int) -> float:
+    """q = B/N, the Poisson sampling probability of an expected batch size B out of N examples."""
+    return batch_size / dataset_size
+
+
+def num_steps(epochs: float, dataset_size: int, batch_size: int) -> int:
+    """T = ⌈E·N/B⌉, the optimizer steps of E epochs over N examples at expected batch size B."""
+    return math.ceil(epochs * dataset_size / batch_size)
