@@ -83,7 +83,7 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
     target (inf: never, within the budget), for each sampler seed."""
     from ray.tune.search import Searcher
 
-    from dptune.search_spaces import SweepSearcher
+    from dptune.platform.searcher import SweepSearcher
 
     hits: dict[str, list[float]] = {cell: [] for cell in targets}
     for seed in SAMPLER_SEEDS:

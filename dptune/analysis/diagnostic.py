@@ -13,7 +13,7 @@ from typing import TextIO
 
 import numpy as np
 
-from .clipping import clip_mse, clip_summary, per_sample_norms
+from .optimal_clipping import clip_mse, clip_summary, per_sample_norms
 from .figures import clip_mse_figure, save
 
 WARNING = ("NON-PRIVATE DIAGNOSTIC: computed from the true per-sample gradients of private training examples; "

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
-from .clipping import ClipMSE, class_retention
+from .optimal_clipping import ClipMSE, class_retention
 from .gradnorms import QUANTILE_COLUMNS, retention_curves, retention_grid
 from .noise import min_step_floor
 from .results import fmt

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .clipping import HIST_EDGES, histogram_quantiles, histogram_retention
+from .optimal_clipping import HIST_EDGES, histogram_quantiles, histogram_retention
 from .results import Sweep
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)

@@ -1,24 +1,18 @@
-"""Difficulty-aware search spaces: spec sections → cells → pruned (C, B, η) trials (paper 000).
+"""Difficulty-aware search spaces: spec sections → cells → pruned (C, B, η) trials.
 
-Importing the package registers the search-space sections of the sweep spec. ``SweepSearcher``
-(Ray Tune) is imported on first use, so planning does not pay for importing Ray.
+The rules are those of "On optimal hyperparameters for DP deep transfer learning" (ICLR 2026).
+Importing the package registers the search-space sections of the sweep spec. It imports neither
+Ray nor the trainables: the platform passes in what can be trained (a :class:`Catalog`) and turns
+a :class:`SweepPlan` into a Ray Tune searcher (``dptune.platform.searcher``).
 """
-from . import sections as _sections  # noqa: F401  (registers the spec sections)
+from . import search_sections as _search_sections  # noqa: F401  (registers the spec sections)
 from .batches import batch_plan, prune_batches
-from .calibrate import NoiseRequest, calibrate_many
+from .noise_table import NoiseRequest, calibrate_many
+from .plan_table import format_plan
 from .planner import META_FIELDS, Cell, CellPlan, SweepPlan, plan_sweep
-from .report import format_plan
-from .sections import SearchSpace
+from .search_sections import SearchSpace
 from .spec import Catalog, Spec, SpecError, load_spec, register_check, register_section
 
-__all__ = ["batch_plan", "prune_batches", "NoiseRequest", "calibrate_many", "META_FIELDS", "Cell", "CellPlan",
-           "SweepPlan", "plan_sweep", "format_plan", "SearchSpace", "Catalog", "Spec",
-           "SpecError", "load_spec", "register_check", "register_section", "SweepSearcher"]
-
-
-def __getattr__(name: str) -> object:
-    if name == "SweepSearcher":
-        from .searcher import SweepSearcher
-
-        return SweepSearcher
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["batch_plan", "prune_batches", "NoiseRequest", "calibrate_many",
+           "META_FIELDS", "Cell", "CellPlan", "SweepPlan", "plan_sweep", "format_plan", "SearchSpace", "Catalog",
+           "Spec", "SpecError", "load_spec", "register_check", "register_section"]

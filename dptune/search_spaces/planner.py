@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from .batches import COLUMNS, Row, candidate_rows, fill_noise, prune_rows, rows_frame
-from .calibrate import NoiseRequest, calibrate_many
-from .sections import SearchSpace
+from .noise_table import NoiseRequest, calibrate_many
+from .search_sections import SearchSpace
 from .spec import Catalog, Spec
 
 #: Keys of a trial spec's ``meta`` part.
@@ -124,7 +124,8 @@ class CellPlan:
         if algorithm == "random":
             rng = np.random.default_rng(self.sampler_seed())
             return [grid[i] for i in rng.choice(len(grid), size=self.num_configurations, replace=False)]
-        raise ValueError("optuna proposes configurations while the sweep runs; use SweepPlan.searcher()")
+        raise ValueError("optuna proposes configurations while the sweep runs; use the platform's "
+                         "SweepSearcher (dptune.platform.searcher)")
 
     def trials(self) -> list[dict]:
         """Trial specs of a grid or random search: every configuration once per seed."""
@@ -198,12 +199,6 @@ class SweepPlan:
     def trials(self) -> list[dict]:
         """All trial specs of a grid or random sweep, cell by cell."""
         return [t for c in self.cells for t in c.trials()]
-
-    def searcher(self, *, metric: str = "accuracy", mode: str = "max", config_key: str = "trial") -> "SweepSearcher":
-        """A Ray Tune searcher that hands out this plan's trials (any algorithm); see SweepSearcher."""
-        from .searcher import SweepSearcher
-
-        return SweepSearcher(self, metric=metric, mode=mode, config_key=config_key)
 
 
 def _cells(space: SearchSpace) -> list[Cell]:

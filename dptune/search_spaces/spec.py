@@ -2,7 +2,7 @@
 
 A component that owns part of the spec registers its sections here (``register_section``) and,
 for rules that span sections, a check (``register_check``); the search-space sections live in
-``search_spaces.sections`` and the platform adds its own (resources, storage, …) without touching
+``search_spaces.search_sections`` and the platform adds its own (resources, storage, …) without touching
 this file. Unknown sections, unknown keys inside a section and bad values are errors that name
 the field and what is allowed; every section is validated, and all errors are reported together,
 before anything expensive runs.

@@ -8,7 +8,7 @@ import pytest
 from dptune.privacy import calibrate_noise
 from dptune.privacy.cache import clear_memory
 from dptune.search_spaces import NoiseRequest, batch_plan, calibrate_many, load_spec, plan_sweep
-from dptune.search_spaces.calibrate import cached_noise
+from dptune.search_spaces.noise_table import cached_noise
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import plan_privacy
 

@@ -1,11 +1,13 @@
-"""Optimal clipping C* (paper 000, Theorem 5.2) and per-class retention weights w_y(C).
+"""Optimal clipping C* and per-class retention weights w_y(C).
+
+C* is Theorem 5.2 of "On optimal hyperparameters for DP deep transfer learning" (ICLR 2026).
 
 Pure numpy: per-sample gradients come in as a ``[n, d]`` array or tensor, norms and labels as
 1-D arrays. Everything here is computed from private training examples and is **not**
 differentially private: these are diagnostics that explain the clipping mechanism, not inputs to
 DP training.
 
-The MSE is exactly DESIGN.md's per-step mean squared error of the clipped sum (no mini-batch
+The MSE is exactly the paper's per-step mean squared error of the clipped sum (no mini-batch
 sampling noise, Assumption 5.1)::
 
     MSE(C) = ‖Σ_i ḡ_i − Σ_i g_i‖² + σ²C²d,   ḡ_i = g_i·min(1, C/‖g_i‖).

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from dptune.analysis import class_retention, clip_mse, optimal_clip
-from dptune.analysis.clipping import HIST_EDGES, histogram_quantiles, histogram_retention
+from dptune.analysis.optimal_clipping import HIST_EDGES, histogram_quantiles, histogram_retention
 
 
 def brute_mse(grads: np.ndarray, sigma: float, c: np.ndarray) -> np.ndarray:
-    """DESIGN.md's MSE(C) straight from the definition at each C: clip every example, compare the sums."""
+    """The paper's MSE(C) straight from the definition at each C: clip every example, compare the sums."""
     c = np.atleast_1d(c)
     norms = np.linalg.norm(grads, axis=1)
     scale = np.minimum(1.0, c[:, None] / np.where(norms > 0, norms, np.inf))  # [grid, n]
@@ -103,7 +103,7 @@ def test_hist_edges_match_the_trainer():
 
 
 def test_chunked_accumulation_gives_the_same_curve(monkeypatch):
-    from dptune.analysis import clipping
+    from dptune.analysis import optimal_clipping as clipping
 
     grads = random_grads(np.random.default_rng(11), n=30, d=8)
     whole = clip_mse(grads, 0.7)

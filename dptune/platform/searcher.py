@@ -1,6 +1,6 @@
 """A Ray Tune searcher over a whole sweep plan: grid, random or Optuna TPE, cell by cell.
 
-Use it as ``TuneConfig(search_alg=plan.searcher(metric="accuracy", mode="max"), num_samples=-1)``.
+Use it as ``TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max"), num_samples=-1)``.
 Each suggested Ray Tune config is ``{config_key: trial_spec}``
 (``{"trial": {"train": …, "meta": …}}`` by default, the platform trainable's layout). It hands
 out the trials of the first cell, then the next, and returns ``Searcher.FINISHED`` when every
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Optional
 from ray.tune.search import Searcher
 
 if TYPE_CHECKING:
-    from .planner import SweepPlan
+    from ..search_spaces.planner import SweepPlan
 
 INDEX_NAMES = ("clip_index", "batch_index", "lr_index")
 #: Repeated proposals in a row after which a cell's TPE search counts as converged.

@@ -17,8 +17,8 @@
     trial: {optimizer: sgd, norm_estimator: exact}
     dataset_sizes: {cifar100: 50000}  # training-set sizes for planning without the data
 
-η(B) = reference · √(B / reference_batch_size) · multiplier (DP-Adam's optimum scales with √B,
-paper 000). ``dataset_sizes`` lets ``dptune plan`` size a sweep without loading (or downloading)
+η(B) = reference · √(B / reference_batch_size) · multiplier (DP-Adam's optimum scales with √B:
+"On optimal hyperparameters for DP deep transfer learning" (ICLR 2026)). ``dataset_sizes`` lets ``dptune plan`` size a sweep without loading (or downloading)
 the data, even for a dataset this build does not register; a strict plan (``dptune sweep``) uses
 the size of the data itself and refuses a declared size that differs, or an unregistered dataset.
 """

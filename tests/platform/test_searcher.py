@@ -4,7 +4,28 @@ import math
 import pytest
 from ray.tune.search import Searcher
 
-from dptune.search_spaces import SweepSearcher, load_spec, plan_sweep
+from dptune.platform.searcher import SweepSearcher
+from dptune.search_spaces import Catalog, load_spec, plan_sweep
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    """A toy catalog (N = 200, quick calibrations), as in the search-space tests."""
+    return Catalog(datasets=("toy",), backbones=("mlp", "cnn"), dataset_size=lambda name: 200,
+                   options={"optimizer": ("sgd", "adam"), "clip_fn": ("flat",), "norm_estimator": ("exact",),
+                            "denoise": (None,)},
+                   train_fields=("optimizer", "clip_fn", "norm_estimator", "sketch_k", "denoise"))
+
+
+@pytest.fixture
+def toy_spec():
+    """A valid spec mapping over the toy dataset; keyword arguments replace whole sections."""
+    def make(**overrides) -> dict:
+        return {"axes": {"epsilon": [1, 4], "delta": 1e-5, "backbone": ["mlp"], "dataset": ["toy"], "epochs": [2]},
+                "clip_bound": [0.1, 1, 10], "batch_size": [5, 10, 20, 40, 100, 400],
+                "learning_rate": {"reference": 1.0, "reference_batch_size": 20, "multipliers": [0.5, 1, 2]},
+                "pruning": {"min_steps": 5, "plateau_tol": 10.0}, **overrides}
+    return make
 
 
 def objective(train: dict) -> float:
@@ -44,7 +65,7 @@ def key(trial: dict) -> tuple:
 
 def test_grid_searcher_hands_out_the_plan_then_finishes(catalog, toy_spec):
     plan = plan_sweep(load_spec(toy_spec(seeds=[0, 1]), catalog), catalog, workers=1)
-    searcher = plan.searcher()
+    searcher = SweepSearcher(plan)
     assert run(searcher) == plan.trials()
     assert searcher.suggest("again") == Searcher.FINISHED
 
