@@ -1,10 +1,11 @@
 """Cumulative DP noise σ√T against the batch size B, with the plateau and minimum-step rules.
 
-Paper 000 (fixed-epoch budget): T = ⌈E·N/B⌉ steps, σ_B calibrated for (ε, δ, q = B/N, T).
-Batch sizes with T < ``min_steps`` are too few steps to learn; among the rest, those with
-σ√T ≤ (1 + ``plateau_tol``)·min σ√T are on the plateau, and the smallest of them is the
-recommended B. The rules and defaults are DESIGN.md's (the search space applies the same ones
-to prune candidates before a sweep; this module draws them after it, from the store's cells).
+Fixed-epoch budget of "On optimal hyperparameters for DP deep transfer learning" (ICLR 2026):
+T = ⌈E·N/B⌉ steps, σ_B calibrated for (ε, δ, q = B/N, T). Batch sizes with T < ``min_steps`` are
+too few steps to learn; among the rest, those with σ√T ≤ (1 + ``plateau_tol``)·min σ√T are on the
+plateau, and the smallest of them is the recommended B. q, T, the rules and their defaults are the
+search space's own (:mod:`dptune.search_spaces.batches`), which prunes candidates with them before
+a sweep; this module draws the curves after it, from the store's cells.
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import Iterable, Sequence
 import pandas as pd
 
 from ..privacy import calibrate_noise
+from ..search_spaces.batches import MIN_STEPS, PLATEAU_TOL, candidate_rows, min_step_floor, prune_rows
 from .results import DEFAULT_DELTA, Sweep
 
-MIN_STEPS = 20
-PLATEAU_TOL = 0.05
+__all__ = ["MIN_STEPS", "PLATEAU_TOL", "noise_curve", "default_batch_grid", "cell_noise_curves", "min_step_floor"]
+
+CURVE_COLUMNS = ["batch_size", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "reason"]
 
 
 def noise_curve(epsilon: float, delta: float, dataset_size: int, epochs: float, batch_sizes: Iterable[int], *,
@@ -28,24 +31,25 @@ def noise_curve(epsilon: float, delta: float, dataset_size: int, epochs: float, 
     ``kept`` marks the plateau after the minimum-step floor; ``reason`` says why a B is not kept.
     A B that cannot be calibrated (ε unreachable) gets NaN noise and the accountant's message.
     """
-    rows = []
-    for b in sorted({int(b) for b in batch_sizes if 1 <= int(b) <= dataset_size}):
-        q = b / dataset_size
-        steps = math.ceil(epochs * dataset_size / b)
+    rows = candidate_rows(dataset_size, epochs, sorted({int(b) for b in batch_sizes if 1 <= int(b) <= dataset_size}))
+    for row in rows:
         try:
-            sigma = calibrate_noise(epsilon, delta, q, steps, norm_estimator=norm_estimator, sketch_k=sketch_k)
-            reason = f"T = {steps} < {min_steps} steps" if steps < min_steps else ""
+            row["noise_multiplier"] = sigma = calibrate_noise(epsilon, delta, row["sample_rate"], row["steps"],
+                                                              norm_estimator=norm_estimator, sketch_k=sketch_k)
+            row["noise_sqrt_steps"] = sigma * math.sqrt(row["steps"])
         except ValueError as exc:
-            sigma, reason = math.nan, f"not calibrated: {exc}"
-        rows.append({"batch_size": b, "sample_rate": q, "steps": steps, "noise_multiplier": sigma,
-                     "noise_sqrt_steps": sigma * math.sqrt(steps), "reason": reason})
-    curve = pd.DataFrame(rows, columns=["batch_size", "sample_rate", "steps", "noise_multiplier",
-                                        "noise_sqrt_steps", "reason"])
-    eligible = curve["reason"] == ""
-    floor = curve.loc[eligible, "noise_sqrt_steps"].min()
-    above = eligible & (curve["noise_sqrt_steps"] > (1 + plateau_tol) * floor)
-    curve.loc[above, "reason"] = [f"σ√T {v / floor - 1:.0%} above the minimum (plateau: {plateau_tol:.0%})"
-                                  for v in curve.loc[above, "noise_sqrt_steps"]]
+            row["reason"] = f"not calibrated: {exc}"
+    rows = prune_rows(rows, min_steps=min_steps, plateau_tol=plateau_tol)
+    floor = min((row["noise_sqrt_steps"] for row in rows if row["reason"] in (None, "off_plateau")), default=math.nan)
+    for row in rows:
+        if row["reason"] == "min_steps":
+            row["reason"] = f"T = {row['steps']} < {min_steps} steps"
+        elif row["reason"] == "off_plateau":
+            row["reason"] = (f"σ√T {row['noise_sqrt_steps'] / floor - 1:.0%} above the minimum "
+                             f"(plateau: {plateau_tol:.0%})")
+        elif row["reason"] is None:
+            row["reason"] = ""
+    curve = pd.DataFrame(rows, columns=CURVE_COLUMNS)
     curve["kept"] = curve["reason"] == ""
     return curve
 
@@ -90,10 +94,3 @@ def cell_noise_curves(sweep: Sweep, *, batch_sizes: Sequence[int] | None = None,
         columns=["cell_name", "batch_size", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps",
                  "reason", "kept", "tried", "dataset_size"])
     return frame, notes
-
-
-def min_step_floor(dataset_size: int, epochs: float, min_steps: int = MIN_STEPS) -> float:
-    """The largest B with ⌈E·N/B⌉ ≥ min_steps, i.e. B < E·N/(min_steps − 1) (larger B: too few steps)."""
-    if min_steps <= 1:
-        return float(dataset_size)
-    return float(min(dataset_size, math.ceil(epochs * dataset_size / (min_steps - 1)) - 1))

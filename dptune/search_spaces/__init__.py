@@ -6,13 +6,13 @@ Ray nor the trainables: the platform passes in what can be trained (a :class:`Ca
 a :class:`SweepPlan` into a Ray Tune searcher (``dptune.platform.searcher``).
 """
 from . import search_sections as _search_sections  # noqa: F401  (registers the spec sections)
-from .batches import batch_plan, prune_batches
+from .batches import MIN_STEPS, PLATEAU_TOL, batch_plan, prune_batches
 from .noise_table import NoiseRequest, calibrate_many
 from .plan_table import format_plan
 from .planner import META_FIELDS, Cell, CellPlan, SweepPlan, plan_sweep
 from .search_sections import SearchSpace
 from .spec import Catalog, Spec, SpecError, load_spec, register_check, register_section
 
-__all__ = ["batch_plan", "prune_batches", "NoiseRequest", "calibrate_many",
+__all__ = ["MIN_STEPS", "PLATEAU_TOL", "batch_plan", "prune_batches", "NoiseRequest", "calibrate_many",
            "META_FIELDS", "Cell", "CellPlan", "SweepPlan", "plan_sweep", "format_plan", "SearchSpace", "Catalog",
            "Spec", "SpecError", "load_spec", "register_check", "register_section"]

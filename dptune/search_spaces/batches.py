@@ -1,12 +1,16 @@
 """Batch-size candidates of one cell: σ for each B, and the minimum-step and σ√T plateau rules.
 
 For a fixed number of epochs E, T = ⌈E·N/B⌉ falls as B grows, and the noise that accumulates over
-training is σ_B·√T (paper 000). Two rules pick the batch sizes worth searching:
+training is σ_B·√T ("On optimal hyperparameters for DP deep transfer learning", ICLR 2026).
+Two rules pick the batch sizes worth searching:
 
 * **minimum steps**: too few steps and training cannot converge, whatever the noise (T < min_steps);
 * **plateau**: among the rest, keep B whose σ_B√T ≤ (1 + plateau_tol)·min σ√T.
 
 The smallest kept B is the recommended one. Stronger privacy widens the plateau towards small B.
+This module is the one home of both rules and their defaults (:data:`MIN_STEPS`,
+:data:`PLATEAU_TOL`): the planner prunes candidates with them before a sweep, and the analysis
+draws the same curves from a store after it.
 """
 from __future__ import annotations
 
@@ -16,16 +20,28 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from ..privacy import calibrate_noise
+from ..privacy.schedule import num_steps, sample_rate
 
 #: Columns of a batch plan, in order.
 COLUMNS = ("batch_size", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "kept", "reason")
 #: Why a candidate was dropped.
 REASONS = ("exceeds_dataset", "min_steps", "off_plateau")
+#: Default minimum-step floor: a B with T < MIN_STEPS is dropped.
+MIN_STEPS = 20
+#: Default plateau tolerance: a B is kept when σ√T ≤ (1 + PLATEAU_TOL)·min σ√T.
+PLATEAU_TOL = 0.05
 
 
 def sample_rate_and_steps(batch_size: int, dataset_size: int, epochs: float) -> tuple[float, int]:
-    """q = B/N and T = ⌈E·N/B⌉, computed exactly as the trainer does."""
-    return batch_size / dataset_size, math.ceil(epochs * dataset_size / batch_size)
+    """q = B/N and T = ⌈E·N/B⌉, computed exactly as the trainer does (:mod:`dptune.privacy.schedule`)."""
+    return sample_rate(batch_size, dataset_size), num_steps(epochs, dataset_size, batch_size)
+
+
+def min_step_floor(dataset_size: int, epochs: float, min_steps: int = MIN_STEPS) -> float:
+    """The largest B with ⌈E·N/B⌉ ≥ min_steps, i.e. B < E·N/(min_steps − 1) (larger B: too few steps)."""
+    if min_steps <= 1:
+        return float(dataset_size)
+    return float(min(dataset_size, math.ceil(epochs * dataset_size / (min_steps - 1)) - 1))
 
 
 def _check_inputs(dataset_size: int, epochs: float, candidates: Iterable[int], min_steps: int,
@@ -107,7 +123,7 @@ def prune_batches(frame: pd.DataFrame, *, min_steps: int, plateau_tol: float) ->
 
 
 def batch_plan(epsilon: float, delta: float, dataset_size: int, epochs: float, candidates: Iterable[int], *,
-               min_steps: int = 20, plateau_tol: float = 0.05, norm_estimator: str = "exact",
+               min_steps: int = MIN_STEPS, plateau_tol: float = PLATEAU_TOL, norm_estimator: str = "exact",
                sketch_k: int | None = None) -> pd.DataFrame:
     """One row per candidate B (ascending): batch_size, sample_rate, steps, noise_multiplier,
     noise_sqrt_steps, kept, reason (None when kept; else exceeds_dataset, min_steps or off_plateau).

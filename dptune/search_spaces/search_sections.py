@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..privacy.validation import check_estimator
+from .batches import MIN_STEPS, PLATEAU_TOL
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
                    register_section)
 
@@ -61,8 +62,8 @@ class LearningRate:
 
 @dataclass(frozen=True)
 class Pruning:
-    min_steps: int = 20
-    plateau_tol: float = 0.05
+    min_steps: int = MIN_STEPS
+    plateau_tol: float = PLATEAU_TOL
     max_batch_sizes: int | None = None   # search at most this many kept B per cell (the smallest)
 
 

@@ -29,14 +29,6 @@ def test_noise_curve_applies_the_minimum_step_floor_and_the_plateau(curve):
     assert all("< 20 steps" in r for r in curve.loc[curve["steps"] < 20, "reason"])
 
 
-def test_noise_curve_agrees_with_the_search_space_batch_plan(curve):
-    from dptune.search_spaces import batch_plan
-
-    plan = batch_plan(EPS, 1e-5, N, EPOCHS, BATCHES, min_steps=20, plateau_tol=0.05)
-    assert plan["kept"].tolist() == curve["kept"].tolist()
-    assert plan["noise_sqrt_steps"].tolist() == pytest.approx(curve["noise_sqrt_steps"].tolist())
-
-
 @pytest.mark.parametrize("n, epochs, min_steps", [(1000, 1.0, 20), (1437, 2.0, 20), (950, 1.5, 7), (100, 1.0, 1)])
 def test_min_step_floor_is_the_largest_batch_with_enough_steps(n, epochs, min_steps):
     ok = [b for b in range(1, n + 1) if math.ceil(epochs * n / b) >= min_steps]
