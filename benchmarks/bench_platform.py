@@ -42,7 +42,7 @@ def platform_overhead(n_trials: int) -> float:
         start = time.perf_counter()
         run_trials(trials, settings, trainable=trivial_trainable)
         elapsed = time.perf_counter() - start
-        assert len(ResultsStore(settings.store_root).table("trials")) == n_trials
+        assert len(ResultsStore(settings.paths.store).table("trials")) == n_trials
     ray.shutdown()
     return elapsed
 

@@ -223,12 +223,13 @@ def _add_heatmap(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_heatmap(args: argparse.Namespace, out: TextIO) -> int:
-    from .analysis.report import default_out_dir, write_heatmaps
-    from .platform.query import open_store
+    from .analysis.report import write_heatmaps
+    from .platform.layout import ExperimentPaths
+    from .platform.store import ResultsStore
 
-    store = open_store(args.store)
-    for path in write_heatmaps(store, args.out or default_out_dir(store.root), across=args.across, fixed=args.fixed,
-                               out=out):
+    paths = ExperimentPaths.find(args.store)
+    for path in write_heatmaps(ResultsStore(paths.store), args.out or paths.figures, across=args.across,
+                               fixed=args.fixed, out=out):
         print(f"wrote {path}", file=out)
     return EXIT_OK
 
@@ -250,11 +251,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_report(args: argparse.Namespace, out: TextIO) -> int:
-    from .analysis.report import default_out_dir, write_report
-    from .platform.query import open_store
+    from .analysis.report import write_report
+    from .platform.layout import ExperimentPaths
+    from .platform.store import ResultsStore
 
-    store = open_store(args.store)
-    path = write_report(store, args.out or default_out_dir(store.root), across=args.across, fixed=args.fixed,
+    paths = ExperimentPaths.find(args.store)
+    path = write_report(ResultsStore(paths.store), args.out or paths.figures, across=args.across, fixed=args.fixed,
                         noise_batch_sizes=args.noise_batch_sizes, min_steps=args.min_steps,
                         plateau_tol=args.plateau_tol)
     print(f"wrote {path}", file=out)
@@ -334,13 +336,13 @@ def _report_outcome(outcome, out: TextIO) -> int:
     from .platform.store import ResultsStore
     from .platform.sweep import summary_table
 
-    print(f"\n{outcome.finished} trials finished, {outcome.errored} errored; results store: {outcome.store_root}\n"
+    paths = outcome.paths
+    print(f"\n{outcome.finished} trials finished, {outcome.errored} errored; results store: {paths.store}\n"
           f"best configuration per cell (diagnostic; selecting on test accuracy is not private):\n"
-          f"{summary_table(outcome.store_root)}", file=out)
+          f"{summary_table(paths.store)}", file=out)
     if outcome.finished:
-        figures_dir = f"{outcome.experiment_path}/analysis"
-        write_heatmaps(ResultsStore(outcome.store_root), figures_dir)
-        print(f"heatmaps: {figures_dir}  (full report: dptune report --store {outcome.experiment_path})", file=out)
+        write_heatmaps(ResultsStore(paths.store), paths.figures)
+        print(f"heatmaps: {paths.figures}  (full report: dptune report --store {paths.root})", file=out)
     return EXIT_OK if outcome.errored == 0 else EXIT_FAILURE
 
 

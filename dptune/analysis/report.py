@@ -361,10 +361,3 @@ def write_report(store: ResultsStore, out_dir: str | Path, **options: object) ->
     tmp.write_text(build_report(store, **options), encoding="utf-8")
     tmp.replace(path)
     return path
-
-
-def default_out_dir(store_root: str) -> str:
-    """``<experiment>/analysis`` beside a local store, ``./dptune-analysis`` for a remote one."""
-    if "://" in store_root:
-        return "./dptune-analysis"
-    return os.path.join(os.path.dirname(os.path.abspath(store_root.rstrip("/"))), "analysis")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ray import tune
 
 from ..trainables.config import TrainConfig
+from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
 from .store import ResultsStore
 from .tune_adapter import checkpoint_state
@@ -17,16 +18,15 @@ class StoreCallback(tune.Callback):
     """Writes a trial's row, its per-epoch curve and its gradient-norm statistics when it ends,
     and compacts the store every ``compact_every`` trials."""
 
-    def __init__(self, store_root: str, experiment: str, compact_every: int = COMPACT_EVERY) -> None:
-        self.store_root = store_root
-        self.experiment = experiment
+    def __init__(self, paths: ExperimentPaths, compact_every: int = COMPACT_EVERY) -> None:
+        self.paths = paths
         self.compact_every = compact_every
         self._store: ResultsStore | None = None
 
     @property
     def store(self) -> ResultsStore:
         if self._store is None:
-            self._store = ResultsStore(self.store_root)
+            self._store = ResultsStore(self.paths.store)
         return self._store
 
     def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
@@ -41,7 +41,7 @@ class StoreCallback(tune.Callback):
         history = state["history"] if state else []
         last["history"] = history
         row = trial_row(trial.trial_id, resolved(trial.config["trial"]), last, status=status, error=error,
-                        experiment=self.experiment)
+                        experiment=self.paths.name)
         self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
         if self.store.loose_files("trials") >= self.compact_every:
             self.store.compact()

@@ -10,6 +10,7 @@ import ray
 from ray import tune
 
 from .callbacks import StoreCallback
+from .layout import DEFAULT_STORAGE, ExperimentPaths, absolute
 from .trainable import dp_trainable
 
 
@@ -18,7 +19,7 @@ class RunSettings:
     """Where and how trials run: experiment name, storage, per-trial resources, retries."""
 
     experiment: str = "dptune"
-    storage: str = "./dptune-results"
+    storage: str = DEFAULT_STORAGE
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0
     max_failures: int = 2
@@ -26,17 +27,9 @@ class RunSettings:
     verbose: int = 1
 
     @property
-    def experiment_path(self) -> str:
-        return f"{self.storage.rstrip('/')}/{self.experiment}"
-
-    @property
-    def store_root(self) -> str:
-        return f"{self.experiment_path}/store"
-
-
-def absolute_storage(storage: str) -> str:
-    """Ray needs an absolute local path (or a URI such as s3://…)."""
-    return storage if "://" in storage else os.path.abspath(os.path.expanduser(storage))
+    def paths(self) -> ExperimentPaths:
+        """The experiment's folders: ``<storage>/<experiment>`` and its store, analysis, settings."""
+        return ExperimentPaths.of(self.storage, self.experiment)
 
 
 def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> None:
@@ -58,10 +51,10 @@ def resourced(settings: RunSettings, function: Callable[[dict], None] = dp_train
 def run_config(settings: RunSettings) -> tune.RunConfig:
     """Storage, retries, one kept checkpoint per trial and the store callback."""
     return tune.RunConfig(
-        name=settings.experiment, storage_path=absolute_storage(settings.storage),
+        name=settings.experiment, storage_path=absolute(settings.storage),
         failure_config=tune.FailureConfig(max_failures=settings.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-        callbacks=[StoreCallback(absolute_storage(settings.store_root), settings.experiment)],
+        callbacks=[StoreCallback(settings.paths.absolute())],
         verbose=settings.verbose)
 
 

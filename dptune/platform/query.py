@@ -1,26 +1,21 @@
 """`dptune query` and `dptune compact`: SQL over a results store, printed or written to a file."""
 from __future__ import annotations
 
-import os
 from typing import TextIO
 
 import pandas as pd
 
+from .layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE, ExperimentPaths
 from .store import ResultsStore
 
 FORMATS = ("table", "csv", "json", "parquet")
-DEFAULT_STORE = "./dptune-results/default/store"
+#: What ``--store`` means when not given: the store of the spec's default storage and experiment.
+DEFAULT_STORE = ExperimentPaths.of(DEFAULT_STORAGE, DEFAULT_EXPERIMENT).store
 
 
 def open_store(path: str) -> ResultsStore:
     """A store from its folder, or from an experiment folder that contains ``store/``."""
-    if "://" not in path:
-        if os.path.isdir(os.path.join(path, "store")):
-            path = os.path.join(path, "store")
-        if not os.path.isdir(os.path.join(path, "trials")):
-            raise FileNotFoundError(f"no results store at {path!r} (expected a folder with trials/, epochs/, "
-                                    "gradnorms/; run `dptune sweep` first or pass --store)")
-    return ResultsStore(path)
+    return ResultsStore(ExperimentPaths.find(path).store)
 
 
 def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | None = None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..search_spaces.spec import Catalog, SpecError, integer, mapping, number, register_section
+from .layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -25,14 +26,14 @@ class Resources:
     max_concurrent: int | None = None
 
 
-@register_section("experiment", default="default", summary="experiment name (a folder under storage)")
+@register_section("experiment", default=DEFAULT_EXPERIMENT, summary="experiment name (a folder under storage)")
 def parse_experiment(value: Any, catalog: Catalog) -> str:
     if not isinstance(value, str) or not NAME.match(value):
         raise SpecError(f"experiment: must be a name of letters, digits, '_', '.', '-'; got {value!r}")
     return value
 
 
-@register_section("storage", default="./dptune-results", summary="local path, NFS path or s3://…")
+@register_section("storage", default=DEFAULT_STORAGE, summary="local path, NFS path or s3://…")
 def parse_storage(value: Any, catalog: Catalog) -> str:
     if not isinstance(value, str) or not value.strip():
         raise SpecError(f"storage: must be a path or a URI such as s3://bucket/prefix; got {value!r}")

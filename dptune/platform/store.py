@@ -1,6 +1,6 @@
 """The results store: a Parquet dataset per experiment, queried through DuckDB views.
 
-Layout under ``<storage>/<experiment>/store/``: one folder per table (``trials``, ``epochs``,
+Layout under ``<storage>/<experiment>/store/`` (see :mod:`.layout`): one folder per table (``trials``, ``epochs``,
 ``gradnorms``). Each finished or errored trial writes one ``trial-<id>.parquet`` file per table —
 written to a hidden temporary name and renamed, so a reader never sees half a file, and keyed by
 trial id, so a resumed trial replaces its rows instead of duplicating them. ``compact`` merges the
@@ -24,6 +24,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .layout import filesystem
+
 TABLES = ("trials", "epochs", "gradnorms")
 LOOSE, PART = "trial-", "part-"
 
@@ -40,8 +42,7 @@ class ResultsStore:
 
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
-        self.fs, self.path = pafs.FileSystem.from_uri(self.root) if "://" in self.root else \
-            (pafs.LocalFileSystem(), self.root)
+        self.fs, self.path = filesystem(self.root)
         for table in TABLES:
             self.fs.create_dir(f"{self.path}/{table}", recursive=True)
 

@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import pyarrow.fs as pafs
 from ray import tune
 
 from ..search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
 from . import spec_sections  # noqa: F401  (registers the platform's spec sections)
 from .catalog import trainables_catalog
-from .launcher import RunSettings, absolute_storage, resourced, run_config, start_ray
-from .searcher import SweepSearcher
+from .launcher import RunSettings, resourced, run_config, start_ray
+from .layout import SETTINGS_FILE, ExperimentPaths, absolute
 from .store import ResultsStore
 
 DEFAULT_SPEC = Path(__file__).with_name("specs") / "default.yaml"
@@ -27,8 +26,7 @@ DEFAULT_SPEC = Path(__file__).with_name("specs") / "default.yaml"
 
 @dataclass
 class SweepOutcome:
-    experiment_path: str
-    store_root: str
+    paths: ExperimentPaths
     finished: int
     errored: int
 
@@ -39,7 +37,7 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
     spec = load_spec(spec_path or DEFAULT_SPEC, trainables_catalog())
     plan = plan_sweep(spec, trainables_catalog(), progress=progress)
     resources = spec["resources"]
-    settings = RunSettings(experiment=spec["experiment"], storage=absolute_storage(storage or spec["storage"]),
+    settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
                            cpus_per_trial=resources.cpu, gpus_per_trial=resources.gpu,
                            max_failures=spec["failure"], max_concurrent=resources.max_concurrent)
     print(format_plan(plan), file=out)
@@ -52,61 +50,57 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     start_ray(address)
     tuner = tune.Tuner(
         resourced(settings),
-        tune_config=tune.TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max"), num_samples=-1,
+        tune_config=tune.TuneConfig(search_alg=plan.searcher(metric="accuracy", mode="max"), num_samples=-1,
                                     reuse_actors=True, max_concurrent_trials=settings.max_concurrent),
         run_config=run_config(settings),
     )
     _save_settings(settings)
-    print(f"dptune: running {plan.num_trials} trials; experiment at {settings.experiment_path}\n"
-          f"        if this is interrupted, continue with: dptune resume {settings.experiment_path}", file=out)
+    print(f"dptune: running {plan.num_trials} trials; experiment at {settings.paths.root}\n"
+          f"        if this is interrupted, continue with: dptune resume {settings.paths.root}", file=out)
     return _outcome(tuner.fit(), settings)
 
 
-def resume_sweep(experiment_path: str, *, restart_errored: bool = False, address: str | None = None,
+def resume_sweep(root: str, *, restart_errored: bool = False, address: str | None = None,
                  out: TextIO = sys.stdout) -> SweepOutcome:
     """Continue an interrupted sweep: unfinished trials resume from their checkpoints, errored
     ones resume (or restart from scratch), finished ones are kept; the searcher's state is restored."""
-    path = absolute_storage(experiment_path.rstrip("/"))
-    if not tune.Tuner.can_restore(path):
-        raise ValueError(f"no restorable experiment at {experiment_path!r}: pass the folder "
+    paths = ExperimentPaths(root).absolute()
+    if not tune.Tuner.can_restore(paths.root):
+        raise ValueError(f"no restorable experiment at {root!r}: pass the folder "
                          "<storage>/<experiment> that `dptune sweep` printed")
     start_ray(address)
-    settings = _load_settings(path)
-    tuner = tune.Tuner.restore(path, resourced(settings), resume_unfinished=True,
+    settings = _load_settings(paths)
+    tuner = tune.Tuner.restore(paths.root, resourced(settings), resume_unfinished=True,
                                resume_errored=not restart_errored, restart_errored=restart_errored)
-    print(f"dptune: resuming {path}", file=out)
+    print(f"dptune: resuming {paths.root}", file=out)
     return _outcome(tuner.fit(), settings)
-
-
-SETTINGS_FILE = "dptune_settings.json"
 
 
 def _save_settings(settings: RunSettings) -> None:
     """Keep the run settings beside Ray's experiment state, so `resume` uses the same resources."""
-    fs, path = pafs.FileSystem.from_uri(settings.experiment_path) if "://" in settings.experiment_path else \
-        (pafs.LocalFileSystem(), settings.experiment_path)
-    fs.create_dir(path, recursive=True)
-    with fs.open_output_stream(f"{path}/{SETTINGS_FILE}") as f:
+    fs, root = settings.paths.filesystem()
+    fs.create_dir(root, recursive=True)
+    with fs.open_output_stream(f"{root}/{SETTINGS_FILE}") as f:
         f.write(json.dumps(dataclasses.asdict(settings)).encode())
 
 
-def _load_settings(path: str) -> RunSettings:
-    fs, local = pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
+def _load_settings(paths: ExperimentPaths) -> RunSettings:
+    fs, root = paths.filesystem()
     try:
-        with fs.open_input_stream(f"{local}/{SETTINGS_FILE}") as f:
+        with fs.open_input_stream(f"{root}/{SETTINGS_FILE}") as f:
             return RunSettings(**json.loads(f.read()))
     except FileNotFoundError:
-        raise ValueError(f"{path} was not started by `dptune sweep` (no {SETTINGS_FILE})") from None
+        raise ValueError(f"{paths.root} was not started by `dptune sweep` (no {SETTINGS_FILE})") from None
 
 
 def _outcome(results: tune.ResultGrid, settings: RunSettings) -> SweepOutcome:
     errored = sum(r.error is not None for r in results)
-    return SweepOutcome(settings.experiment_path, settings.store_root, len(results) - errored, errored)
+    return SweepOutcome(settings.paths, len(results) - errored, errored)
 
 
-def summary_table(store_root: str) -> str:
-    """Best accuracy per cell with its (C, B, η): what the sweep found."""
-    frame = ResultsStore(store_root).query(
+def summary_table(store: str) -> str:
+    """Best accuracy per cell with its (C, B, η): what the sweep found (``store``: the store folder)."""
+    frame = ResultsStore(store).query(
         "SELECT cell, accuracy, clip_bound AS C, batch_size AS B, learning_rate AS lr, epsilon_spent "
         "FROM trials WHERE status = 'finished' QUALIFY row_number() OVER (PARTITION BY cell ORDER BY accuracy DESC) = 1 "
         "ORDER BY cell")

@@ -88,7 +88,7 @@ class Page(HTMLParser):
 @pytest.fixture(scope="module")
 def report(sweep, tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
-    code = main(["report", "--store", sweep.experiment_path, "--out", str(out), "--noise-batch-sizes", "100"],
+    code = main(["report", "--store", sweep.paths.root, "--out", str(out), "--noise-batch-sizes", "100"],
                 out=io.StringIO())
     assert code == 0
     return out / "report.html"
@@ -119,22 +119,22 @@ def test_report_images_decode_and_tables_list_every_cell(report):
 
 def test_heatmap_command_writes_png_and_svg_per_facet(sweep, tmp_path):
     buf = io.StringIO()
-    assert main(["heatmap", "--store", sweep.experiment_path, "--out", str(tmp_path)], out=buf) == 0
+    assert main(["heatmap", "--store", sweep.paths.root, "--out", str(tmp_path)], out=buf) == 0
     files = {p.name for p in tmp_path.iterdir()}
     assert {"heatmap_digits_mlp_1ep.png", "heatmap_digits_mlp_1ep.svg", "fixed_setting_cost.png",
             "heatmap.csv", "optima.csv"} <= files
     text = buf.getvalue()
     assert all(cell in text for cell in CELLS)
-    assert main(["heatmap", "--store", sweep.experiment_path, "--out", str(tmp_path), "--across", "nope"]) == 2
+    assert main(["heatmap", "--store", sweep.paths.root, "--out", str(tmp_path), "--across", "nope"]) == 2
 
 
 def test_optimal_clip_at_a_checkpoint(sweep, tmp_path):
-    trials = ResultsStore(sweep.store_root).query(
+    trials = ResultsStore(sweep.paths.store).query(
         "SELECT trial_id, clip_bound FROM trials WHERE status = 'finished' AND epsilon = 2 ORDER BY clip_bound")
     trial_id = trials.trial_id[0]
     buf = io.StringIO()
     grads_file = tmp_path / "grads.npz"
-    assert main(["optimal-clip", sweep.experiment_path, "--trial", trial_id, "--out", str(tmp_path),
+    assert main(["optimal-clip", sweep.paths.root, "--trial", trial_id, "--out", str(tmp_path),
                  "--save-grads", str(grads_file)], out=buf) == 0
     text = buf.getvalue()
     assert text.startswith("NON-PRIVATE DIAGNOSTIC")

@@ -38,7 +38,7 @@ def test_trial_survives_the_loss_of_its_node(tmp_path):
         ray.shutdown()
         cluster.shutdown()
 
-    store = ResultsStore(settings.store_root)
+    store = ResultsStore(settings.paths.store)
     rows = store.table("trials")
     assert "node" in failures.lower() or "actor" in failures.lower(), "the node was not lost mid-trial"
     assert len(rows) == 1 and rows.status.iloc[0] == "finished"

@@ -31,7 +31,7 @@ def test_sweep_writes_one_row_per_trial_with_the_right_figures(local_ray, tmp_pa
     settings = RunSettings(experiment="small", storage=str(tmp_path), max_failures=0, verbose=0)
     run_trials(trials + failing, settings)
 
-    rows = ResultsStore(settings.store_root).table("trials")
+    rows = ResultsStore(settings.paths.store).table("trials")
     assert len(rows) == 5 and rows.trial_id.is_unique
     done = rows[rows.status == "finished"].sort_values(["epsilon", "batch_size", "seed"])
     assert len(done) == 3
@@ -52,9 +52,9 @@ def test_sweep_writes_one_row_per_trial_with_the_right_figures(local_ray, tmp_pa
     assert "model must be one of" in errors.loc["no_such_model", "error"]
     assert "TrialDiverged" in errors.loc["mlp", "error"] or "loss became" in errors.loc["mlp", "error"]
 
-    epochs = ResultsStore(settings.store_root).table("epochs")
+    epochs = ResultsStore(settings.paths.store).table("epochs")
     finished_ids = set(done.trial_id)
     per_trial = epochs[epochs.trial_id.isin(finished_ids)].groupby("trial_id").epoch.apply(sorted)
     assert all(v == [1, 2] for v in per_trial)
-    gradnorms = ResultsStore(settings.store_root).table("gradnorms")
+    gradnorms = ResultsStore(settings.paths.store).table("gradnorms")
     assert set(gradnorms.trial_id) == finished_ids and gradnorms.nonprivate.all()

@@ -1,0 +1,116 @@
+"""Where an experiment's files live: the one storage layout, for local paths, NFS and URIs.
+
+```
+<storage>/                       the spec's ``storage`` (local path, NFS mount, s3://…, gs://…, file://…)
+  <experiment>/                  the experiment root: Ray Tune's experiment state (``dptune resume`` takes it)
+    dptune_settings.json         the run settings, so ``resume`` uses the same resources
+    store/                       the Parquet results store (``dptune query --store`` takes it or the root)
+    analysis/                    heatmaps and report of a local experiment
+```
+
+Every rule about these paths lives here: what a URI is, how the folders are named, which
+filesystem reads them, and how a ``--store`` argument is resolved. Imports neither Ray nor torch
+(the analysis side uses it).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import pyarrow.fs as pafs
+
+#: The spec's default ``storage`` and its default ``experiment`` name.
+DEFAULT_STORAGE = "./dptune-results"
+DEFAULT_EXPERIMENT = "default"
+#: Folder and file names inside an experiment root.
+STORE, ANALYSIS, SETTINGS_FILE = "store", "analysis", "dptune_settings.json"
+#: Figures are written with local file APIs: those of a remote experiment go here.
+REMOTE_ANALYSIS = "./dptune-analysis"
+
+
+def is_uri(path: str) -> bool:
+    """True for ``s3://…``, ``gs://…``, ``file://…`` and other URIs; False for local and NFS paths."""
+    return "://" in path
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute (``~`` expanded), as Ray needs; a URI unchanged."""
+    return path if is_uri(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem that holds ``path`` and the path inside it."""
+    if is_uri(path):
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), path
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent.rstrip('/')}/{name}"
+
+
+@dataclass(frozen=True)
+class ExperimentPaths:
+    """One experiment's folders. ``ExperimentPaths(root)`` for the experiment root,
+    :meth:`of` from (storage, experiment name), :meth:`find` from what a user passes to ``--store``.
+
+    ``store`` is ``<root>/store`` unless given (a store folder passed on its own)."""
+
+    root: str
+    store: str = ""
+
+    def __post_init__(self) -> None:
+        root = self.root.rstrip("/") or "/"
+        object.__setattr__(self, "root", root)
+        object.__setattr__(self, "store", self.store.rstrip("/") if self.store else _join(root, STORE))
+
+    @classmethod
+    def of(cls, storage: str, experiment: str) -> "ExperimentPaths":
+        """The experiment ``experiment`` under ``storage``."""
+        return cls(_join(storage, experiment))
+
+    @classmethod
+    def find(cls, path: str) -> "ExperimentPaths":
+        """Resolve a ``--store`` argument: an experiment root (a folder holding ``store/``) or a
+        store folder itself. A local path must hold a store; a URI is taken as given."""
+        path = path.rstrip("/") or "/"
+        fs, inner = filesystem(path)
+        if fs.get_file_info(_join(inner, STORE)).type == pafs.FileType.Directory:
+            return cls(path)
+        if not is_uri(path) and not os.path.isdir(os.path.join(path, "trials")):
+            raise FileNotFoundError(f"no results store at {path!r} (expected a folder with trials/, epochs/, "
+                                    "gradnorms/; run `dptune sweep` first or pass --store)")
+        parent = path.rsplit("/", 1)[0] if "/" in path else "."
+        return cls(parent if not is_uri(path) or is_uri(parent) else path, store=path)
+
+    @property
+    def name(self) -> str:
+        """The experiment name (the root's last folder)."""
+        return self.root.rsplit("/", 1)[-1]
+
+    @property
+    def is_uri(self) -> bool:
+        return is_uri(self.root)
+
+    @property
+    def analysis(self) -> str:
+        return _join(self.root, ANALYSIS)
+
+    @property
+    def settings(self) -> str:
+        """The run settings the sweep writes for ``resume``."""
+        return _join(self.root, SETTINGS_FILE)
+
+    @property
+    def figures(self) -> str:
+        """Where heatmaps and the report go by default: ``<root>/analysis`` (absolute) for a local
+        experiment, ``./dptune-analysis`` for a remote one."""
+        return REMOTE_ANALYSIS if self.is_uri else absolute(self.analysis)
+
+    def absolute(self) -> "ExperimentPaths":
+        """The same folders with local paths made absolute (Ray needs them so)."""
+        return replace(self, root=absolute(self.root), store=absolute(self.store))
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """The pyarrow filesystem of the experiment and the root's path inside it."""
+        return filesystem(self.root)
