@@ -1,26 +1,25 @@
 """Per-step privacy random variables for each way of clipping, by ``norm_estimator``.
 
-A registry: each entry maps (σ, q, sketch_k) to the PRVs of one step, one per adjacency direction
-(add/remove adjacency is the worse of the two). Randomised clipping adds its own entries (module
-``randomized``). Builders also receive the target ``delta`` and the number of ``steps`` (keywords),
-for mechanisms that charge a small per-step tail to δ.
+A registry (``MECHANISMS``; its names are the valid ``norm_estimator`` values): each entry maps
+(σ, q, sketch_k) to the PRVs of one step, one per adjacency direction (add/remove adjacency is the
+worse of the two). Randomised clipping adds its own entries (module ``randomized``). Builders also
+receive the target ``delta`` and the number of ``steps`` (keywords), for mechanisms that charge a
+small per-step tail to δ.
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from ..registry import Registry
 from .prv import StepPRV, SubsampledGaussianPRV
 
 MechanismBuilder = Callable[..., Sequence[StepPRV]]  # (σ, q, sketch_k, *, delta, steps)
-MECHANISMS: dict[str, MechanismBuilder] = {}
+MECHANISMS: Registry[MechanismBuilder] = Registry("norm_estimator")
 
 
 def register_mechanism(norm_estimator: str) -> Callable[[MechanismBuilder], MechanismBuilder]:
-    def decorate(builder: MechanismBuilder) -> MechanismBuilder:
-        MECHANISMS[norm_estimator] = builder
-        return builder
-
-    return decorate
+    """Decorator: ``builder`` is the accountant of ``norm_estimator``."""
+    return MECHANISMS.register(norm_estimator)
 
 
 @register_mechanism("exact")
@@ -33,10 +32,5 @@ def exact_clipping(noise_multiplier: float, sample_rate: float, sketch_k: int | 
 
 def step_prvs(norm_estimator: str, noise_multiplier: float, sample_rate: float,
               sketch_k: int | None, *, delta: float, steps: int) -> Sequence[StepPRV]:
-    """The per-step PRVs of a clipping method."""
-    try:
-        builder = MECHANISMS[norm_estimator]
-    except KeyError:
-        raise ValueError(f"norm_estimator {norm_estimator!r} has no accountant; "
-                         f"registered: {', '.join(sorted(MECHANISMS))}") from None
-    return builder(noise_multiplier, sample_rate, sketch_k, delta=delta, steps=steps)
+    """The per-step PRVs of a clipping method (ValueError naming the registered ones if unknown)."""
+    return MECHANISMS.get(norm_estimator)(noise_multiplier, sample_rate, sketch_k, delta=delta, steps=steps)

@@ -1,9 +1,10 @@
 """The paper's datasets through HF ``datasets``, and the embedded BBC News text set.
 
-Same registry and :class:`DatasetSplits` as the embedded sets. Each public set is read from, in
-order: ``data_dir`` (a ``save_to_disk`` directory, Parquet files or an image folder, with
-``train``/``test`` splits or a single split that is then split 80/20 stratified and seeded), the
-directory ``$DPTUNE_DATA_DIR/<name>``, or the hub (the HF cache when the hub is unreachable).
+Same :class:`DatasetSplits` as the embedded sets; :mod:`.data` registers the loaders
+(:func:`loader`, :func:`bbc_news`) by name. Each public set is read from, in order: ``data_dir``
+(a ``save_to_disk`` directory, Parquet files or an image folder, with ``train``/``test`` splits or
+a single split that is then split 80/20 stratified and seeded), the directory
+``$DPTUNE_DATA_DIR/<name>``, or the hub (the HF cache when the hub is unreachable).
 
 Images are decoded and transformed on access to the backbone's resolution and normalisation (the
 options come from the model's input spec; without a backbone, CIFAR's native 32×32, else 224×224).
@@ -24,8 +25,8 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset
 
-from .data import DatasetSplits, register_dataset
 from .hub import ResourceNotFound, hub_access, unavailable
+from .splits import DatasetSplits
 
 if TYPE_CHECKING:
     import datasets
@@ -248,8 +249,7 @@ def text_splits(name: str, texts: tuple[Sequence[str], Sequence[str]], labels: t
                          tokenize(texts[1], labels[1], tok, max_length), len(class_names), class_names, (max_length,))
 
 
-def _register_image(name: str) -> None:
-    @register_dataset(name)
+def _image_loader(name: str) -> Callable[..., DatasetSplits]:
     def load(*, seed: int = 0, data_dir: str | None = None, image_size: int | None = None,
              mean: Sequence[float] = HALF, std: Sequence[float] = HALF, crop_pct: float = 1.0,
              interpolation: str = "bicubic", test_size: float = 0.2) -> DatasetSplits:
@@ -260,10 +260,10 @@ def _register_image(name: str) -> None:
                             std=std, crop_pct=crop_pct, interpolation=interpolation, test_size=test_size)
 
     load.__doc__ = f"{name} ({HF_SOURCES[name].hub_id}), images prepared for the backbone."
+    return load
 
 
-def _register_text(name: str) -> None:
-    @register_dataset(name)
+def _text_loader(name: str) -> Callable[..., DatasetSplits]:
     def load(*, seed: int = 0, data_dir: str | None = None, tokenizer: str | None = None,
              max_length: int = DEFAULT_MAX_LENGTH, test_size: float = 0.2) -> DatasetSplits:
         source = HF_SOURCES[name]
@@ -275,10 +275,12 @@ def _register_text(name: str) -> None:
                            max_length=max_length)
 
     load.__doc__ = f"{name} ({HF_SOURCES[name].hub_id}), tokenised for the backbone."
+    return load
 
 
-for _name, _source in HF_SOURCES.items():
-    (_register_image if _source.kind == "image" else _register_text)(_name)
+def loader(name: str) -> Callable[..., DatasetSplits]:
+    """The loader of the public set ``name`` (a key of ``HF_SOURCES``): fn(*, seed, data_dir, …)."""
+    return (_image_loader if HF_SOURCES[name].kind == "image" else _text_loader)(name)
 
 
 def _read_article(path: Path) -> str:
@@ -289,7 +291,6 @@ def _read_article(path: Path) -> str:
         return raw.decode("latin-1")
 
 
-@register_dataset("bbc_news")
 def bbc_news(*, seed: int = 0, tokenizer: str | None = None, max_length: int = DEFAULT_MAX_LENGTH,
              test_size: float = 0.2) -> DatasetSplits:
     """BBC News (Greene & Cunningham 2006): 2,225 articles in 5 classes, shipped in the

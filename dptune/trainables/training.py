@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..privacy import calibrate_noise, epsilon_spent
 from ..privacy.schedule import num_steps, sample_rate
+from ..registry import check_options
 from .batching import model_outputs, to_device
 from .config import TrainConfig
 from .data import DATASETS, DatasetSplits, load_dataset, take
@@ -26,7 +27,6 @@ from .engine import DPEngine
 from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
 from .optimizers import make_optimizer
-from .registry import check_options
 from .sampling import PoissonSampler
 
 

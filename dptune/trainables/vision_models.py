@@ -1,22 +1,20 @@
 """Pretrained image backbones from timm, fine-tuned under DP with FiLM (default), LoRA, head or full.
 
-The paper's backbones are registered by name (ViT-Base and ViT-Tiny, ImageNet-21k AugReg); any
-other timm model is ``timm:<name>``. Weights come from the hub (or the HF cache when the hub is
-unreachable), from a local checkpoint (``weights=PATH``: a ``.safetensors``/``.pth``/``.bin`` file
-or a directory holding ``model.safetensors``), or are random (``weights="random"``, for tests and
-throughput). timm's own pretrained config says how inputs must be prepared (resolution, mean/std,
+The paper's backbones (ViT-Base and ViT-Tiny, ImageNet-21k AugReg) are registered by name (in
+``models``); any other timm model is ``timm:<name>``. Weights come from the hub (or the HF cache
+when the hub is unreachable), from a local checkpoint (``weights=PATH``: a
+``.safetensors``/``.pth``/``.bin`` file or a directory holding ``model.safetensors``), or are
+random (``weights="random"``, for tests and throughput). timm's own pretrained config says how inputs must be prepared (resolution, mean/std,
 crop, interpolation); :func:`vision_data_options` hands that to the image dataset loaders.
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 from torch import nn
 
 from .finetuning import LoraSettings, apply_peft
 from .hub import ResourceNotFound, hub_access, unavailable
-from .models import register_family, register_model
 
 #: The paper's image backbones (high- and low-capacity), ImageNet-21k pretrained.
 PAPER_VITS = ("vit_base_patch16_224.augreg_in21k", "vit_tiny_patch16_224.augreg_in21k")
@@ -119,8 +117,3 @@ def vision_data_options(name: str, **model_options: object) -> dict:
     return {"image_size": int(size), "mean": tuple(cfg["mean"]), "std": tuple(cfg["std"]),
             "crop_pct": float(cfg.get("crop_pct") or 1.0), "interpolation": cfg.get("interpolation") or "bicubic"}
 
-
-for _name in PAPER_VITS:
-    register_model(_name, inputs=functools.partial(vision_data_options, _name))(
-        functools.partial(create_timm_model, _name))
-register_family("timm", inputs=vision_data_options)(create_timm_model)

@@ -87,3 +87,15 @@ def test_bad_input_names_the_argument(kwargs, field):
     args = dict(noise_multiplier=1.0, delta=1e-5, sample_rate=0.1, steps=10) | kwargs
     with pytest.raises(ValueError, match=field):
         epsilon_spent(**args)
+
+
+def test_a_registered_mechanism_is_a_valid_norm_estimator_and_others_are_listed(monkeypatch):
+    """The names the accountant accepts are its registry of mechanisms, not a list kept beside it."""
+    from dptune.privacy import mechanisms
+
+    with pytest.raises(ValueError) as info:
+        epsilon_spent(1.0, 1e-5, 0.1, 10, norm_estimator="magic")
+    assert str(info.value) == f"norm_estimator must be one of {', '.join(mechanisms.MECHANISMS)}; got 'magic'"
+    assert {"exact", "hutchinson", "hutchpp"} <= set(mechanisms.MECHANISMS)
+    monkeypatch.setitem(mechanisms.MECHANISMS._entries, "magic", mechanisms.MECHANISMS.get("exact"))
+    assert epsilon_spent(1.0, 1e-5, 0.1, 10, norm_estimator="magic", sketch_k=4) == epsilon_spent(1.0, 1e-5, 0.1, 10)

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from dptune.trainables.data import load_dataset
+from dptune.trainables.data import DATASETS, load_dataset
 from dptune.trainables.models import INPUT_SPECS, MODELS, create_model
 
 
@@ -32,6 +32,23 @@ def test_unknown_names_list_the_registered_ones():
         load_dataset("cifar1000")
     with pytest.raises(ValueError, match="wrn16_4"):
         create_model("resnet9000", num_classes=10, input_shape=(1, 8, 8))
+
+
+def test_unknown_names_list_every_registered_one_and_the_families():
+    with pytest.raises(ValueError) as info:
+        load_dataset("cifar1000")
+    assert str(info.value) == f"dataset must be one of {', '.join(DATASETS)}; got 'cifar1000'"
+    assert {"digits", "mnist5k", "cifar100", "bbc_news"} <= set(DATASETS)
+    with pytest.raises(ValueError) as info:
+        create_model("resnet9000", num_classes=10, input_shape=(1, 8, 8))
+    assert str(info.value) == f"model must be one of {', '.join(MODELS)}, timm:<name>, hf:<name>; got 'resnet9000'"
+
+
+def test_a_model_or_dataset_name_is_taken_once():
+    with pytest.raises(ValueError, match="model 'cnn' is already registered"):
+        MODELS.register("cnn", lambda **kw: None)
+    with pytest.raises(ValueError, match="dataset 'digits' is already registered"):
+        DATASETS.register("digits", lambda **kw: None)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODELS if n not in INPUT_SPECS))  # backbones: test_backbones
