@@ -29,7 +29,8 @@ def test_local_experiment_paths():
 def test_relative_paths_become_absolute_for_ray(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     paths = ExperimentPaths.of("./results", "exp").absolute()
-    assert paths.root == str(tmp_path / "results" / "exp") and paths.store == str(tmp_path / "results" / "exp" / "store")
+    assert paths.root == str(tmp_path / "results" / "exp")
+    assert paths.store == str(tmp_path / "results" / "exp" / "store")
     assert ExperimentPaths.of("results", "exp").figures == str(tmp_path / "results" / "exp" / "analysis")
     assert absolute("~/x") == os.path.join(os.path.expanduser("~"), "x")
 
