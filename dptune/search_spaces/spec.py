@@ -21,6 +21,8 @@ from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import yaml
 
+from ..registry import Registry
+
 
 class SpecError(ValueError):
     """A sweep spec is invalid; the message names every bad field and what is allowed."""
@@ -58,8 +60,9 @@ class Section:
     summary: str
 
 
-SECTIONS: dict[str, Section] = {}
-CHECKS: list[Check] = []
+SECTIONS: Registry[Section] = Registry("spec section")
+#: Rules spanning sections, by qualified function name, run in registration order.
+CHECKS: Registry[Check] = Registry("spec check")
 
 
 def register_section(name: str, *, required: bool = False, default: Any = None,
@@ -70,9 +73,7 @@ def register_section(name: str, *, required: bool = False, default: Any = None,
     Parsers raise ``SpecError`` (use the helpers below: they name the field).
     """
     def decorate(parse: Parser) -> Parser:
-        if name in SECTIONS and SECTIONS[name].parse is not parse:
-            raise ValueError(f"spec section {name!r} is already registered")
-        SECTIONS[name] = Section(name, parse, required, default, summary)
+        SECTIONS.register(name, Section(name, parse, required, default, summary))
         return parse
 
     return decorate
@@ -80,9 +81,7 @@ def register_section(name: str, *, required: bool = False, default: Any = None,
 
 def register_check(check: Check) -> Check:
     """Register a rule spanning sections; it runs after every section parsed without error."""
-    if check not in CHECKS:
-        CHECKS.append(check)
-    return check
+    return CHECKS.register(f"{check.__module__}.{check.__qualname__}", check)
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def load_spec(source: str | os.PathLike | Mapping[str, Any], catalog: Catalog) -
     for key in unknown:
         errors.append(unknown_key_message(str(key), key, SECTIONS, noun="section"))
     parsed: dict[str, Any] = {}
-    for section in SECTIONS.values():
+    for _, section in SECTIONS.items():
         if section.name not in raw and section.required:
             errors.append(f"{section.name}: required section is missing ({section.summary})")
             continue
@@ -137,7 +136,7 @@ def load_spec(source: str | os.PathLike | Mapping[str, Any], catalog: Catalog) -
             errors.append(str(exc))
     spec = Spec(parsed, name)
     if not errors:
-        for check in CHECKS:
+        for _, check in CHECKS.items():
             try:
                 check(spec, catalog)
             except SpecError as exc:

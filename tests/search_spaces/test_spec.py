@@ -86,8 +86,8 @@ def test_declared_sizes_allow_planning_an_unregistered_dataset(catalog, toy_spec
 def test_another_component_adds_sections_and_checks(catalog, toy_spec, monkeypatch):
     """Another component (the platform) registers its own sections; unknown keys inside them are
     still errors, and a second registration of a name is refused."""
-    monkeypatch.setattr(spec_module, "SECTIONS", dict(spec_module.SECTIONS))
-    monkeypatch.setattr(spec_module, "CHECKS", list(spec_module.CHECKS))
+    monkeypatch.setattr(spec_module, "SECTIONS", spec_module.SECTIONS.copy())
+    monkeypatch.setattr(spec_module, "CHECKS", spec_module.CHECKS.copy())
 
     @register_section("notify", default={}, summary="where to send the summary")
     def parse_notify(value, catalog):
@@ -107,6 +107,8 @@ def test_another_component_adds_sections_and_checks(catalog, toy_spec, monkeypat
         load_spec(toy_spec(notify={"retries": 9}), catalog)
     with pytest.raises(ValueError, match="already registered"):
         register_section("axes")(parse_notify)
+    register_check(at_most_eight_retries)  # the same check again: not an error, and it runs once
+    assert list(spec_module.CHECKS).count(f"{__name__}.{at_most_eight_retries.__qualname__}") == 1
 
 
 def test_the_example_spec_is_valid():
