@@ -56,7 +56,7 @@ def test_many_trials_finishing_at_once_lose_nothing(tmp_path):
 def test_readers_never_see_half_written_files(tmp_path):
     store = ResultsStore(str(tmp_path / "store"))
     write(store, "seed", 0.1)
-    stop = threading.Event()
+    stop, all_written = threading.Event(), threading.Event()
     errors = []
 
     def writer():
@@ -64,20 +64,26 @@ def test_readers_never_see_half_written_files(tmp_path):
         while not stop.is_set():
             write(store, f"x{i % 5}", 0.5, epochs=50)
             i += 1
+            if i == 5:
+                all_written.set()
 
+    # Once x0…x4 exist, every read sees exactly these trials with all their epochs: rewrites replace
+    # whole files, so no trial is ever missing, doubled or torn.
+    expected = {"seed": 2, **{f"x{k}": 50 for k in range(5)}}
     thread = threading.Thread(target=writer)
     thread.start()
     try:
+        assert all_written.wait(timeout=60)
         for _ in range(40):
             try:
-                n = store.query("SELECT count(*) FROM epochs").iloc[0, 0]
-                assert n % 50 == 2 or n % 50 == 0  # whole trials only (the seed trial has 2 epochs)
+                counts = store.query("SELECT trial_id, count(*) AS n FROM epochs GROUP BY trial_id")
+                assert dict(zip(counts.trial_id, counts.n)) == expected
             except Exception as exc:  # a torn file would surface as a Parquet read error
                 errors.append(exc)
     finally:
         stop.set()
         thread.join()
-    assert not errors
+    assert not errors, errors[:3]
     leftovers = [n for n in os.listdir(tmp_path / "store" / "epochs") if n.startswith(".")]
     assert not leftovers  # temporary files are always renamed away
 
