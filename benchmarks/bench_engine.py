@@ -1,92 +1,91 @@
-"""DP step throughput: dptune's DPEngine vs non-private training vs Opacus (same model, batch, machine).
+"""DP step throughput (issue 16): dptune's DPEngine vs non-private training vs Opacus 1.6 hooks and ghost.
 
-Each measurement is one optimizer step on a fixed batch of B examples (forward, backward,
-per-sample clipping and noise where private), repeated; examples/s is B / median step time.
-Run: python benchmarks/bench_engine.py [--models cnn wrn16_4] [--batch 256] [--repeats 5]
+One interleaved run per (model, B): every method trains its own copy of the same model on the
+same fixed batch, all timed round-robin in one loop (so that load changes hit all alike);
+examples/s = B / median full optimizer step (forward, backward, clipping, noise, SGD step).
+Methods: non-private; dptune "exact" (and the vmap reference "vmap" when dptune registers it);
+Opacus hooks (GradSampleModule + DPOptimizer); Opacus ghost (GradSampleModuleFastGradientClipping).
+A method that cannot run on a case gets "fails: <reason>" in its cell. On CPU the run uses
+--threads torch threads (default 1).
+
+Cases (default B): cnn (256, 1×28×28), wrn16_4 (64, 3×32×32), vit_tiny_film (64, ViT-Tiny + FiLM
+224², random weights), minilm_lora (64, embedded all-MiniLM-L6-v2 + LoRA, --tokens 128, half of
+the examples padded); --gpu-cases adds vit_base_film (256) and roberta_lora (64, RoBERTa-base +
+LoRA, random weights from a config).
+
+Run: python benchmarks/bench_engine.py [--cases cnn wrn16_4 vit_tiny_film minilm_lora] [--gpu-cases]
+         [--batch B] [--repeats 5] [--tokens 128] [--device cpu|cuda] [--markdown]
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
 import warnings
 
 import torch
-from torch import nn
 
-from dptune.trainables import DPEngine
-from dptune.trainables.models import create_model
+from common import CASES, DEFAULT_DEVICE, GPU_CASES, build_case, failure, interleaved_medians, method_names, \
+    method_steps, rate
 
 warnings.filterwarnings("ignore")
-SHAPES = {"cnn": (1, 28, 28), "wrn16_4": (3, 32, 32), "mlp": (1, 28, 28)}
 
 
-def interleaved_medians(steps: dict, repeats: int) -> dict[str, float]:
-    """Median step time of each method, timed round-robin so load changes hit all alike."""
-    for step in steps.values():
-        step()  # warm-up
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+def run_case(name: str, args: argparse.Namespace, methods: list[str]) -> tuple[str, int, dict[str, float | str]]:
+    """(label, B, {method: examples/s or a failure cell})."""
+    case = build_case(name, args.batch, args.tokens, args.attention, args.device)
+    batch = len(case.targets)
+    steps, failed = method_steps(case, methods)
+    medians = interleaved_medians(steps, args.repeats)
+    speeds = {m: (t if isinstance(t, str) else batch / t) for m, t in medians.items()}
+    return case.label, batch, {m: {**speeds, **failed}[m] for m in methods}
 
 
-def bench(name: str, B: int, repeats: int, micro: int | None) -> dict[str, float]:
-    torch.manual_seed(0)
-    shape = SHAPES[name]
-    x, y = torch.randn(B, *shape), torch.randint(0, 10, (B,))
-    loss = nn.CrossEntropyLoss(reduction="none")
+def ratio(a: float | str, b: float | str | None) -> str:
+    return "–" if isinstance(a, str) or not isinstance(b, float) else f"{a / b:.2f}"
 
-    model = create_model(name, num_classes=10, input_shape=shape)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    def plain():
-        opt.zero_grad()
-        loss(model(x), y).mean().backward()
-        opt.step()
-
-    engine = DPEngine(model, loss, clip_bound=1.0, noise_multiplier=1.0, expected_batch_size=B,
-                      max_physical_batch_size=micro)
-
-    def dptune_step():
-        opt.zero_grad()
-        engine.private_gradient(x, y)
-        opt.step()
-
-    from opacus import GradSampleModule
-    from opacus.optimizers import DPOptimizer
-
-    o_model = GradSampleModule(create_model(name, num_classes=10, input_shape=shape))
-    o_opt = DPOptimizer(torch.optim.SGD(o_model.parameters(), lr=0.01), noise_multiplier=1.0, max_grad_norm=1.0,
-                        expected_batch_size=B)
-
-    def opacus_step():
-        o_opt.zero_grad()
-        nn.functional.cross_entropy(o_model(x), y).backward()
-        o_opt.step()
-
-    medians = interleaved_medians({"non-private": plain, "dptune": dptune_step, "opacus": opacus_step}, repeats)
-    return {name: B / t for name, t in medians.items()}
+def row(label: str, batch: int, speeds: dict[str, float | str], methods: list[str]) -> list[str]:
+    opacus = [v for m, v in speeds.items() if m.startswith("Opacus") and not isinstance(v, str)]
+    dptune = speeds.get("dptune exact", "fails: not registered")
+    return [f"{label}, B={batch}", *(rate(speeds[m]) for m in methods),
+            ratio(dptune, speeds["non-private"]), ratio(dptune, max(opacus) if opacus else None)]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", nargs="+", default=["cnn", "wrn16_4"])
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--micro", type=int, default=None, help="DPEngine max_physical_batch_size")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=[*CASES, *GPU_CASES])
+    parser.add_argument("--gpu-cases", action="store_true", help=f"add {', '.join(GPU_CASES)}")
+    parser.add_argument("--batch", type=int, default=None, help="override every case's batch size")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds (after one warm-up step)")
+    parser.add_argument("--tokens", type=int, default=128, help="sequence length of the text cases")
+    parser.add_argument("--attention", choices=["eager", "sdpa"], default="eager", help="ViT and text models")
+    parser.add_argument("--device", default=DEFAULT_DEVICE)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--markdown", action="store_true", help="print a table ready for BENCHMARKS.md")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B = {args.batch}")
-    print("| model | non-private ex/s | dptune ex/s | Opacus ex/s | dptune / non-private | Opacus / non-private | dptune / Opacus |")
-    print("|---|---|---|---|---|---|---|")
-    for name in args.models:
-        r = bench(name, args.batch, args.repeats, args.micro)
-        print(f"| {name} | {r['non-private']:.0f} | {r['dptune']:.0f} | {r['opacus']:.0f} | "
-              f"{r['dptune'] / r['non-private']:.2f} | {r['opacus'] / r['non-private']:.2f} | "
-              f"{r['dptune'] / r['opacus']:.2f} |", flush=True)
+    torch.set_num_threads(args.threads)
+    import opacus
+
+    cases = args.cases + ([c for c in GPU_CASES if c not in args.cases] if args.gpu_cases else [])
+    methods = method_names()
+    on = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, opacus {opacus.__version__}, {on}; {args.repeats} interleaved rounds, "
+          f"examples/s = B / median step")
+    header = ["model, B", *(f"{m} ex/s" for m in methods), "dptune / non-private", "dptune / best Opacus"]
+    rows = []
+    for name in cases:
+        try:
+            rows.append(row(*run_case(name, args, methods), methods))
+        except Exception as exc:  # noqa: BLE001 - the case could not be built: report it and go on
+            rows.append([name, *([failure(exc)] + ["–"] * (len(header) - 2))])
+        # progress (to stderr when the table goes to stdout)
+        print("  ".join(f"{h}: {v}" for h, v in zip(header, rows[-1])), flush=True,
+              file=sys.stderr if args.markdown else sys.stdout)
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
 
 
 if __name__ == "__main__":
