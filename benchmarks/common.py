@@ -25,7 +25,7 @@ from dptune.trainables.batching import Inputs, model_outputs
 from dptune.trainables.models import create_model
 
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-#: dptune norm engines benchmarked, when registered: the default exact engine and the vmap reference.
+#: dptune exact engines benchmarked: the default (book-keeping hooks) and the vmap reference.
 DPTUNE_ENGINES = ("exact", "vmap")
 
 
@@ -98,12 +98,9 @@ def build_case(name: str, batch: int | None, tokens: int, attention: str, device
 
 
 def method_names() -> list[str]:
-    """The methods to run, read from dptune's registry at run time (before and after the vmap
-    engine is renamed)."""
-    from dptune.trainables.engine import NORM_ENGINES
-
-    dptune = [f"dptune {e}" for e in DPTUNE_ENGINES if e in NORM_ENGINES]
-    return ["non-private", *dptune, "Opacus hooks", "Opacus ghost"]
+    """The methods to run: non-private, dptune's exact engines (book-keeping hooks, the default,
+    and the whole-model vmap reference), Opacus hooks and ghost."""
+    return ["non-private", *[f"dptune {e}" for e in DPTUNE_ENGINES], "Opacus hooks", "Opacus ghost"]
 
 
 def make_step(method: str, model: nn.Module, inputs: Inputs, targets: torch.Tensor,
@@ -118,8 +115,9 @@ def make_step(method: str, model: nn.Module, inputs: Inputs, targets: torch.Tens
             nn.functional.cross_entropy(model_outputs(model, inputs), targets).backward()
             opt.step()
     elif method.startswith("dptune "):
+        per_sample = {"exact": "hooks", "vmap": "vmap"}[method.split()[1]]
         engine = DPEngine(model, nn.CrossEntropyLoss(reduction="none"), clip_bound=1.0, noise_multiplier=1.0,
-                          expected_batch_size=batch, norm_estimator=method.split()[1])
+                          expected_batch_size=batch, per_sample=per_sample)
 
         def step() -> None:
             opt.zero_grad()

@@ -18,7 +18,7 @@ from torch import nn
 from ..trainables.config import TrainConfig
 from ..trainables.batching import to_device
 from ..trainables.data import take
-from ..trainables.per_sample import ExactNormEngine
+from ..trainables.per_sample import VmapNormEngine
 from ..trainables.training import Trainer
 from .tune_adapter import STATE_FILE
 
@@ -75,7 +75,7 @@ def checkpoint_gradients(path: str, *, trial_id: str | None = None, examples: in
     n = min(examples or cfg.batch_size, trainer.n_train)
     generator = torch.Generator().manual_seed(seed)
     idx = torch.randperm(trainer.n_train, generator=generator)[:n]
-    engine = ExactNormEngine(trainer.model, nn.CrossEntropyLoss(reduction="none"))
+    engine = VmapNormEngine(trainer.model, nn.CrossEntropyLoss(reduction="none"))
     chunks, labels = [], []
     for start in range(0, n, micro_batch):
         x, y = take(trainer.data.train, idx[start:start + micro_batch])

@@ -19,12 +19,17 @@ from .batching import Inputs, batch_len, micro_batches
 from .clipping import CLIP_FNS, clip_factors
 from .denoise import DEFAULT_KAPPA, rmt_denoise_matrices
 from .norm_stats import class_norm_statistics
-from .hook_norms import hook_engine
-from .per_sample import ExactNormEngine, LossFn, check_model, trainable_parameters
+from .book_keeping import book_keeping_engine
+from .per_sample import LossFn, VmapNormEngine, check_model, trainable_parameters
 
-#: Per-sample norm engines by ``norm_estimator``; randomised estimators register here too.
+#: Per-sample norm engines by ``norm_estimator``: the book-keeping hook engine with the exact
+#: (ghost / materialised) weight norms or a randomised estimator. All three are accounted for.
 NORM_ENGINES: dict[str, Callable[..., object]] = {
-    "exact": ExactNormEngine, "hutchinson": hook_engine("hutchinson"), "hutchpp": hook_engine("hutchpp")}
+    "exact": book_keeping_engine("ghost"), "hutchinson": book_keeping_engine("hutchinson"),
+    "hutchpp": book_keeping_engine("hutchpp")}
+#: Implementations of exact per-sample gradients (``per_sample``): ``hooks`` is the default
+#: book-keeping engine, ``vmap`` the whole-model ``torch.func`` reference that tests compare to.
+EXACT_ENGINES: dict[str, Callable[..., object]] = {"hooks": NORM_ENGINES["exact"], "vmap": VmapNormEngine}
 #: Gradient denoisers by ``denoise`` name: fn({name: ĝ of a 2-D parameter}, noise std per entry, *, kappa)
 #: -> ({name: denoised matrix}, step statistics). They see the privatised ĝ and nothing per-sample.
 DENOISERS: dict[str, Callable[..., tuple[dict[str, torch.Tensor], dict]]] = {"rmt": rmt_denoise_matrices}
@@ -39,13 +44,15 @@ class DPEngine:
     σ comes from ``dptune.privacy.calibrate_noise`` for the same q, steps and norm estimator.
     ``generator`` drives the Gaussian noise (seed it for reproducible runs). ``denoise`` names a
     ``DENOISERS`` entry applied to the 2-D parameters' ĝ (post-processing, no privacy cost) with
-    gate factor ``denoise_kappa``.
+    gate factor ``denoise_kappa``. ``per_sample`` picks the implementation of exact norms:
+    ``hooks`` (book-keeping, the default) or ``vmap`` (the whole-model reference, for tests).
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, clip_bound: float, noise_multiplier: float,
                  expected_batch_size: float, norm_estimator: str = "exact", sketch_k: int | None = None,
                  denoise: str | None = None, clip_fn: str = "flat", max_physical_batch_size: int | None = None,
-                 generator: torch.Generator | None = None, denoise_kappa: float = DEFAULT_KAPPA) -> None:
+                 generator: torch.Generator | None = None, denoise_kappa: float = DEFAULT_KAPPA,
+                 per_sample: str = "hooks") -> None:
         if not clip_bound > 0:
             raise ValueError(f"clip_bound must be > 0; got {clip_bound!r}")
         if not noise_multiplier >= 0:
@@ -56,6 +63,10 @@ class DPEngine:
             raise ValueError(f"clip_fn must be one of {', '.join(CLIP_FNS)}; got {clip_fn!r}")
         if norm_estimator not in NORM_ENGINES:
             raise ValueError(f"norm_estimator must be one of {', '.join(NORM_ENGINES)}; got {norm_estimator!r}")
+        if per_sample not in EXACT_ENGINES:
+            raise ValueError(f"per_sample must be one of {', '.join(EXACT_ENGINES)}; got {per_sample!r}")
+        if per_sample != "hooks" and norm_estimator != "exact":
+            raise ValueError(f"per_sample={per_sample!r} computes exact norms only; got norm_estimator={norm_estimator!r}")
         if denoise is not None and denoise not in DENOISERS:
             allowed = ", ".join(["None", *DENOISERS])
             raise ValueError(f"denoise must be one of {allowed}; got {denoise!r}")
@@ -74,45 +85,62 @@ class DPEngine:
         self.denoise_kappa = float(denoise_kappa)
         self.max_physical_batch_size = max_physical_batch_size
         self.generator = generator
-        self.norms = NORM_ENGINES[norm_estimator](model, loss_fn, sketch_k=sketch_k, generator=generator)
+        build = EXACT_ENGINES[per_sample] if norm_estimator == "exact" else NORM_ENGINES[norm_estimator]
+        self.norms = build(model, loss_fn, sketch_k=sketch_k, generator=generator)
 
     def private_gradient(self, inputs: Inputs, targets: torch.Tensor) -> dict:
         """Set ``.grad`` of every trainable parameter to ĝ for this logical batch.
 
+        The steps of the DP step, in order: clipped sum → add noise → normalise → denoise.
         Returns ``norms`` (per-sample norms used for clipping), ``clipped_fraction``,
         ``batch_size`` (realised) and, for integer class targets, ``per_class`` statistics — all
         non-private diagnostics — and, when denoising, the denoiser's ``denoise`` statistics.
         """
-        C = self.clip_bound
-        sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        all_norms = []
-        if batch_len(inputs) > 0:
-            for x, y in micro_batches(inputs, targets, self.max_physical_batch_size):
-                part, norms = self.norms.clipped_sum(x, y, lambda n: clip_factors(self.clip_fn, n, C))
-                for name, s in part.items():
-                    sums[name] += s
-                all_norms.append(norms.detach())
-        scale = 1.0 / (self.expected_batch_size * C)
-        noise_std = self.noise_multiplier * C
-        private = {}
-        for name, g in sums.items():
-            if noise_std > 0:
-                g = g + noise_std * self._gaussian_like(g)
-            private[name] = g * scale
-        denoise_stats = None
-        if self.denoise is not None:
-            # Post-processing: the denoiser gets ĝ of the 2-D parameters and s = σ/B, nothing else.
-            matrices = {n: g.detach() for n, g in private.items() if g.dim() == 2}
-            entry_std = self.noise_multiplier / self.expected_batch_size
-            denoised, denoise_stats = DENOISERS[self.denoise](matrices, entry_std, kappa=self.denoise_kappa)
-            private.update(denoised)
+        sums, norms = self.clipped_sum(inputs, targets)
+        private = self.normalise(self.add_noise(sums))
+        private, denoise_stats = self.denoised(private)
         for name, p in self.params.items():
             p.grad = private[name].to(p.dtype)
-        norms = torch.cat(all_norms) if all_norms else torch.zeros(0, device=targets.device)
         stats = self._statistics(norms, targets)
         if denoise_stats is not None:
             stats["denoise"] = denoise_stats
         return stats
+
+    def clipped_sum(self, inputs: Inputs, targets: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) over the logical batch, one
+        physical micro-batch at a time (the result does not depend on the split)."""
+        sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        all_norms = []
+        if batch_len(inputs) > 0:
+            for x, y in micro_batches(inputs, targets, self.max_physical_batch_size):
+                part, norms = self.norms.clipped_sum(x, y, lambda n: clip_factors(self.clip_fn, n, self.clip_bound))
+                for name, s in part.items():
+                    sums[name] += s
+                all_norms.append(norms.detach())
+        norms = torch.cat(all_norms) if all_norms else torch.zeros(0, device=targets.device)
+        return sums, norms
+
+    def add_noise(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """s + σ C ξ, ξ ~ N(0, I) drawn from the engine's generator."""
+        noise_std = self.noise_multiplier * self.clip_bound
+        if noise_std == 0:
+            return sums
+        return {name: s + noise_std * self._gaussian_like(s) for name, s in sums.items()}
+
+    def normalise(self, noisy: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """ĝ = s / (B C) with B the *expected* batch size (the realised one would leak)."""
+        scale = 1.0 / (self.expected_batch_size * self.clip_bound)
+        return {name: s * scale for name, s in noisy.items()}
+
+    def denoised(self, private: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict | None]:
+        """ĝ with the 2-D parameters denoised (post-processing: the denoiser sees ĝ and the noise std
+        per entry σ/B, nothing per-sample), and the denoiser's statistics; unchanged without one."""
+        if self.denoise is None:
+            return private, None
+        matrices = {n: g.detach() for n, g in private.items() if g.dim() == 2}
+        entry_std = self.noise_multiplier / self.expected_batch_size
+        denoised, stats = DENOISERS[self.denoise](matrices, entry_std, kappa=self.denoise_kappa)
+        return {**private, **denoised}, stats
 
     def _gaussian_like(self, t: torch.Tensor) -> torch.Tensor:
         if self.generator is None:

@@ -1,7 +1,9 @@
-"""Exact per-sample gradients with ``torch.func`` (vmap over grad), and the model checks they need.
+"""Exact per-sample gradients with ``torch.func`` (vmap over grad of the whole model), and the model
+checks every engine needs.
 
-The norm engine for ``norm_estimator="exact"``: for one physical micro-batch it returns the
-per-sample norms over all trainable parameters and the clipped sum Σ_i c_i g_i.
+``VmapNormEngine`` is the reference the book-keeping engine is tested against (``DPEngine(...,
+per_sample="vmap")``): for one physical micro-batch it returns the per-sample norms over all
+trainable parameters and the clipped sum Σ_i c_i g_i, materialising every per-sample gradient.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def check_model(model: nn.Module) -> None:
         raise ValueError("model not supported by DP training:\n  " + "\n  ".join(problems))
 
 
-class ExactNormEngine:
+class VmapNormEngine:
     """Per-sample gradients of the trainable parameters by ``vmap(grad(·))``."""
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, **_: object) -> None:

@@ -13,7 +13,7 @@ from dptune.trainables.batching import model_outputs
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.hub import ResourceNotFound, hub_reachable
 from dptune.trainables.models import INPUT_SPECS, MODELS, create_model, data_options, parameter_summary
-from dptune.trainables.per_sample import ExactNormEngine
+from dptune.trainables.per_sample import VmapNormEngine
 from dptune.trainables.training import Trainer
 
 VIT = "vit_tiny_patch16_224.augreg_in21k"
@@ -147,7 +147,7 @@ def test_per_sample_gradients_match_a_loop_in_float64(name, attention):
     x = (torch.randn(4, *IMAGE_SHAPE, generator=g, dtype=torch.float64) if FAMILY[name] == "vit"
          else text_batch(4, g))
     y = torch.tensor([0, 1, 2, 1])
-    batched = ExactNormEngine(model, nn.CrossEntropyLoss(reduction="none")).per_sample_grads(x, y)
+    batched = VmapNormEngine(model, nn.CrossEntropyLoss(reduction="none")).per_sample_grads(x, y)
     for i, ref in enumerate(loop_grads(model, x, y)):
         assert set(ref) == set(batched)
         for n, g_ref in ref.items():

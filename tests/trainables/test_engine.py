@@ -7,7 +7,7 @@ from torch import nn
 
 from dptune.trainables import DPEngine
 from dptune.trainables.models import create_model
-from dptune.trainables.per_sample import ExactNormEngine
+from dptune.trainables.per_sample import VmapNormEngine
 
 CE = nn.CrossEntropyLoss(reduction="none")
 
@@ -34,7 +34,7 @@ def small(name, shape=(1, 8, 8), classes=5):
 def test_per_sample_gradients_equal_single_example_loop(name):
     model = small(name)
     x, y = torch.randn(6, 1, 8, 8, dtype=torch.float64), torch.randint(0, 5, (6,))
-    ours = ExactNormEngine(model, CE).per_sample_grads(x, y)
+    ours = VmapNormEngine(model, CE).per_sample_grads(x, y)
     ref = loop_grads(model, x, y)
     assert ours.keys() == ref.keys()
     for n in ref:

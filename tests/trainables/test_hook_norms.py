@@ -9,7 +9,7 @@ from dptune.trainables.batching import model_outputs
 from dptune.trainables.clipping import flat_clip
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.engine import NORM_ENGINES
-from dptune.trainables.hook_norms import HookNormEngine
+from dptune.trainables.book_keeping import BookKeepingEngine
 from dptune.trainables.models import create_model
 from dptune.trainables.training import Trainer
 
@@ -145,7 +145,7 @@ def test_hook_engine_with_exact_norms_equals_per_example_loop(case):
         mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 7, [1] * 3 + [0] * 4])
         x, y = {"input_ids": ids, "attention_mask": mask}, torch.tensor([0, 2, 1, 2])
     clip = 0.5
-    sums, norms = HookNormEngine(model, LOSS).clipped_sum(x, y, lambda n: flat_clip(n, clip))
+    sums, norms = BookKeepingEngine(model, LOSS).clipped_sum(x, y, lambda n: flat_clip(n, clip))
     ref_sums, ref_norms = loop_reference(model, x, y, clip)
     torch.testing.assert_close(norms, ref_norms, rtol=1e-10, atol=1e-12)
     for name in ref_sums:
@@ -155,7 +155,7 @@ def test_hook_engine_with_exact_norms_equals_per_example_loop(case):
 def test_micro_batches_give_the_same_clipped_sum():
     model = MixedModel().double()
     x, y = _mixed_batch()
-    engine = HookNormEngine(model, LOSS)
+    engine = BookKeepingEngine(model, LOSS)
     whole, _ = engine.clipped_sum(x, y, lambda n: flat_clip(n, 0.3))
     parts = [engine.clipped_sum(x[i:i + 2], y[i:i + 2], lambda n: flat_clip(n, 0.3))[0] for i in (0, 2, 4)]
     for name in whole:
@@ -200,10 +200,10 @@ class UsedOutside(nn.Module):
 
 def test_unsupported_parameters_are_listed_never_dropped():
     with pytest.raises(ValueError, match=r"attn\.in_proj_weight.*MultiheadAttention"):
-        HookNormEngine(MultiheadModel(), LOSS)
+        BookKeepingEngine(MultiheadModel(), LOSS)
     with pytest.raises(ValueError, match=r"a\.weight: shared by modules a, b"):
-        HookNormEngine(Tied(), LOSS)
-    engine = HookNormEngine(UsedOutside(), LOSS)  # statically fine: caught on the first batch
+        BookKeepingEngine(Tied(), LOSS)
+    engine = BookKeepingEngine(UsedOutside(), LOSS)  # statically fine: caught on the first batch
     with pytest.raises(ValueError, match=r"fc\.weight"):
         engine.clipped_sum(torch.randn(3, 4), torch.tensor([0, 1, 2]), lambda n: flat_clip(n, 1.0))
 
@@ -243,7 +243,7 @@ def test_hutchinson_training_matches_exact_clipping_on_digits():
                           learning_rate=2.0, epochs=8, norm_estimator=estimator, sketch_k=k, seed=0, device="cpu",
                           model_options={"hidden": 64})
         trainer = Trainer(cfg)
-        assert isinstance(trainer.engine.norms, HookNormEngine) == (estimator != "exact")
+        assert isinstance(trainer.engine.norms, BookKeepingEngine)
         metrics = [trainer.run_epoch() for _ in range(trainer.num_epochs)][-1]
         assert metrics["epsilon_spent"] <= 3.0
         accuracy[estimator] = metrics["accuracy"]

@@ -1,0 +1,263 @@
+"""The default exact engine: book-keeping clipping through module hooks, one forward and one backward.
+
+One forward with hooks keeps, for every module that owns trainable parameters, its inputs A and
+the gradient edge of its output; one backward of Σ_i ℓ_i computes only the output gradients G of
+those modules (no parameter gradient); per layer, ``layer_rules`` turns (A, G) into per-sample
+squared norms and, once the clipping factors c_i = factors(n_i) are known, into the clipped sum
+Σ_i c_i g_i from the same A and G (Bu et al. 2023, "Differentially private optimization on large
+model at small cost"). A module called several times contributes the sum of its calls.
+
+Every hooked module must see the batch on dim 0 of its first input and of its output (as in
+batch-first models); a first input shared by the batch (leading dim 1, e.g. position ids) is
+expanded to the batch first, which leaves the model's outputs unchanged.
+
+A trainable parameter owned by a non-leaf module that no rule handles, or shared by several
+modules, is refused when the engine is built, all of them listed. On the first batch the engine
+also checks that each parameter's batch gradient (one extra backward, that batch only) equals the
+sum of what its module's rule saw, so a parameter also used outside its module (which would make
+its norm too small) is refused too.
+
+Memory: besides what autograd keeps anyway, the engine holds the output gradients G of the
+recorded modules until the clipped sums are formed (``explain()`` lists them per layer); split a
+logical batch with ``max_physical_batch_size`` when that does not fit.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+
+from .batching import Inputs, batch_len, model_outputs
+from .layer_rules import BROADCAST, RULES, Call, LayerGrads, NormContext, Rule
+from .norm_estimators import WEIGHT_NORMS
+from .per_sample import FactorFn, LossFn, trainable_parameters
+
+#: Relative tolerance of the first-batch check that the hooks saw every use of every parameter.
+COVERAGE_RTOL = 1e-3
+
+
+@dataclass
+class _Planned:
+    """A module with trainable parameters of its own, the rule that handles it, and its trainable
+    parameter names (local) with their names in the model."""
+
+    name: str
+    module: nn.Module
+    rule: Rule
+    names: list[str]
+    qualified: list[str]
+    calls: list[Call] = field(default_factory=list)
+    edges: list = field(default_factory=list)
+    form: str = "unused"
+    kept_bytes: int = 0
+
+
+def plan_modules(model: nn.Module) -> list[_Planned]:
+    """The modules that own trainable parameters and their rules; raises ValueError listing every
+    trainable parameter no rule can give a per-sample norm."""
+    owners: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        for local, p in module.named_parameters(recurse=False):
+            if p.requires_grad:
+                entries = owners.setdefault(id(p), [])
+                if all(m is not module for _, m, _ in entries):
+                    entries.append((mod_name, module, local))
+    problems, planned = [], {}
+    for entries in owners.values():
+        mod_name, module, local = entries[0]
+        qualified = f"{mod_name}.{local}" if mod_name else local
+        if len(entries) > 1:
+            problems.append(f"{qualified}: shared by modules {', '.join(e[0] or '<root>' for e in entries)}; "
+                            "their per-sample gradients add up before the norm (untie or freeze it)")
+            continue
+        if BROADCAST.handles(module) and local in BROADCAST.parameter_names(module):
+            rule: Rule | None = BROADCAST
+        else:
+            rule = next((r for r in RULES if r.handles(module)), None)
+        if rule is None:
+            problems.append(f"{qualified}: owned by {type(module).__name__}, which has sub-modules and no "
+                            "per-sample rule (wrap the parameter in its own leaf module, or freeze it)")
+            continue
+        entry = planned.setdefault((id(module), rule.name), _Planned(mod_name, module, rule, [], []))
+        entry.names.append(local)
+        entry.qualified.append(qualified)
+    if problems:
+        raise ValueError("no per-sample norm for these trainable parameters:\n  " + "\n  ".join(problems))
+    return list(planned.values())
+
+
+class BookKeepingEngine:
+    """Per-sample norms and clipped sums through module hooks (see the module docstring).
+
+    ``estimator`` ("ghost" exact, "hutchinson" or "hutchpp") is used for the weights of the
+    linear-like layers; ``sketch_k`` is the number of probes k of the randomised estimators;
+    ``generator`` draws the probes (fresh for every micro-batch and layer).
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, *, estimator: str = "ghost", sketch_k: int | None = None,
+                 generator: torch.Generator | None = None) -> None:
+        if estimator not in WEIGHT_NORMS:
+            raise ValueError(f"estimator must be one of {', '.join(WEIGHT_NORMS)}; got {estimator!r}")
+        if estimator != "ghost" and (isinstance(sketch_k, bool) or not isinstance(sketch_k, int) or sketch_k < 1):
+            raise ValueError(f"sketch_k must be a whole number >= 1 for estimator {estimator!r}; got {sketch_k!r}")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.ctx = NormContext(estimator, sketch_k, generator)
+        self.params = trainable_parameters(model)
+        self.planned = plan_modules(model)
+        self.checked = False
+
+    # ---- forward: record inputs and output edges --------------------------------------------------
+
+    @contextlib.contextmanager
+    def _recording(self, batch_size: int) -> Iterator[None]:
+        """Hooks on the planned modules for the duration of one forward pass."""
+
+        def broadcast_input(entry: _Planned, module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+            # An input shared by the batch (e.g. position ids [1, T]) is expanded to the batch, so
+            # that the output's gradient stays per example; the result is the same broadcast.
+            if batch_size > 1 and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0 \
+                    and args[0].shape[0] == 1:
+                return (args[0].expand(batch_size, *args[0].shape[1:]), *args[1:]), kwargs
+            return None
+
+        def record(entry: _Planned, module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+            if not isinstance(output, torch.Tensor):
+                raise ValueError(f"{', '.join(entry.qualified)}: {type(module).__name__} returns "
+                                 f"{type(output).__name__}, not one tensor; no per-sample rule")
+            if not output.requires_grad:
+                return  # no gradient flows to its parameters through this call
+            if not (args and isinstance(args[0], torch.Tensor) and args[0].shape[:1] == output.shape[:1]
+                    == (batch_size,)):
+                raise ValueError(f"{', '.join(entry.qualified)}: the engine needs the batch on dim 0 of "
+                                 f"{type(module).__name__}'s first input and output")
+            entry.calls.append(Call(tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args),
+                                    dict(kwargs)))
+            entry.edges.append(get_gradient_edge(output))
+
+        def expand_parameters(entry: _Planned, module: nn.Module, args: tuple, kwargs: dict) -> None:
+            # The model sees each broadcast parameter as its per-example expansion [b, *shape[1:]].
+            for local in entry.names:
+                p = module._parameters[local]
+                expanded = p.expand(batch_size, *p.shape[1:])
+                module._parameters[local] = expanded
+                entry.calls.append(Call((local,), {}))
+                entry.edges.append(get_gradient_edge(expanded))
+
+        def restore_parameters(entry: _Planned, params: dict) -> None:
+            for local, p in params.items():
+                entry.module._parameters[local] = p
+
+        handles, restores = [], []
+        for e in self.planned:
+            if e.rule is BROADCAST:
+                saved = {n: e.module._parameters[n] for n in e.names}
+                handles.append(e.module.register_forward_pre_hook(functools.partial(expand_parameters, e),
+                                                                  with_kwargs=True))
+                restores.append(functools.partial(restore_parameters, e, saved))
+            else:
+                handles += [e.module.register_forward_pre_hook(functools.partial(broadcast_input, e),
+                                                               with_kwargs=True),
+                            e.module.register_forward_hook(functools.partial(record, e), with_kwargs=True)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            for restore in restores:
+                restore()
+
+    # ---- one micro-batch ----------------------------------------------------------------------------
+
+    def clipped_sum(self, inputs: Inputs, targets: torch.Tensor,
+                    factors: FactorFn) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) with c = factors(n)."""
+        batch_size = batch_len(inputs)
+        for entry in self.planned:
+            entry.calls, entry.edges = [], []
+        try:
+            with self._recording(batch_size):
+                outputs = model_outputs(self.model, inputs)
+            losses = self.loss_fn(outputs, targets)  # [b]
+            reference = None
+            if not self.checked:  # the coverage check's reference, first batch only
+                reference = torch.autograd.grad(losses.sum(), list(self.params.values()), retain_graph=True,
+                                                allow_unused=True)
+            self._output_grads(losses)
+            layers = [(e, e.rule.per_sample(e.module, e.calls, e.names, self.ctx, batch_size))
+                      for e in self.planned if e.calls]
+            sq = torch.zeros(batch_size, device=losses.device, dtype=torch.promote_types(losses.dtype, torch.float32))
+            for entry, grads in layers:
+                sq = sq + grads.sq.to(sq.dtype)
+                entry.form, entry.kept_bytes = grads.form, grads.kept_bytes
+            if reference is not None:
+                self._check_coverage(layers, dict(zip(self.params, reference)))
+            norms = sq.clamp_min(0).sqrt().to(losses.dtype)  # [b]
+            c = factors(norms).detach()  # [b]
+            sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
+            for entry, grads in layers:
+                for local, g in grads.clipped(c).items():
+                    qualified = entry.qualified[entry.names.index(local)]
+                    sums[qualified] += g.reshape(sums[qualified].shape).to(sums[qualified].dtype)
+            return sums, norms
+        finally:
+            for entry in self.planned:  # release the stored activations and gradients
+                entry.calls, entry.edges = [], []
+
+    def _output_grads(self, losses: torch.Tensor) -> None:
+        """One backward of Σ_i ℓ_i to the recorded outputs only; G goes to each call."""
+        calls = [(entry, call) for entry in self.planned for call in entry.calls]
+        edges = [edge for entry in self.planned for edge in entry.edges]
+        if not edges:
+            return
+        grads = torch.autograd.grad(losses.sum(), edges, allow_unused=True, materialize_grads=False)
+        for (entry, call), g in zip(calls, grads):
+            if g is not None and entry.rule is BROADCAST:
+                g = g.unsqueeze(1)  # [b, 1, *shape[1:]]: per-example gradients of a [1, …] parameter
+            call.grad = g
+        for entry in self.planned:
+            entry.calls = [c for c in entry.calls if c.grad is not None]
+
+    def _check_coverage(self, layers: list[tuple[_Planned, LayerGrads]],
+                        reference: dict[str, torch.Tensor | None]) -> None:
+        """Each parameter's batch gradient equals Σ_i g_i from its rule (c = 1); else refuse it."""
+        missing, seen = [], set()
+        for entry, grads in layers:
+            ones = torch.ones_like(grads.sq)
+            for local, g in grads.clipped(ones).items():
+                qualified = entry.qualified[entry.names.index(local)]
+                seen.add(qualified)
+                if not _close(g, reference.get(qualified)):
+                    missing.append(qualified)
+        missing += [q for q, g in reference.items() if q not in seen and g is not None and bool(g.abs().max() > 0)]
+        if missing:
+            raise ValueError("these parameters get gradient the hooks do not see (used outside their "
+                             "module, e.g. by a functional call): " + ", ".join(missing))
+        self.checked = True
+
+    def explain(self) -> list[dict]:
+        """Per recorded module of the last micro-batch: its parameters, the rule, the form used for
+        the per-sample norms and the bytes the rule kept for them (besides autograd's own)."""
+        return [{"module": e.name or "<root>", "parameters": ", ".join(e.names), "rule": e.rule.name,
+                 "form": e.form, "kept_bytes": e.kept_bytes} for e in self.planned]
+
+
+def _close(recon: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
+    """The rule's batch gradient matches autograd's (None: no gradient)."""
+    if reference is None:
+        return recon is None or not bool(recon.abs().max() > 0)
+    if recon is None:
+        return not bool(reference.abs().max() > 0)
+    ref = reference.to(torch.promote_types(reference.dtype, torch.float32))
+    diff = (recon.to(ref.dtype).reshape(ref.shape) - ref).norm()
+    return bool(diff <= COVERAGE_RTOL * torch.maximum(ref.norm(), recon.to(ref.dtype).norm()))
+
+
+def book_keeping_engine(estimator: str) -> Callable[..., BookKeepingEngine]:
+    """A ``NORM_ENGINES`` entry: the book-keeping engine with a fixed weight estimator."""
+    return functools.partial(BookKeepingEngine, estimator=estimator)

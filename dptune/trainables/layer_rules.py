@@ -1,0 +1,383 @@
+"""Per-layer rules of the book-keeping engine: from one module's recorded inputs and output
+gradients, the per-sample squared norms of its own trainable parameters and the clipped sum
+Σ_i c_i g_i — with no per-sample gradient materialised where a cheaper exact form exists.
+
+For a linear layer with per-sample inputs A_i ∈ ℝ^{T×d} and output gradients G_i ∈ ℝ^{T×p} the
+per-sample weight gradient is M_i = A_iᵀG_i, so (Bu et al. 2023, "Differentially private
+optimization on large model at small cost", book-keeping with mixed ghost norms):
+
+- ‖M_i‖² = ⟨A_iA_iᵀ, G_iG_iᵀ⟩ (ghost, ~bT²(d+p) work, bT² memory) or ‖A_iᵀG_i‖² from M_i itself
+  (materialised, ~bTdp work, bdp memory) — the cheaper one per layer, from the shapes; for T = 1
+  simply ‖a_i‖²‖g_i‖²;
+- Σ_i c_i M_i = Aᵀ·diag(c)·G over all examples and positions at once (one matrix product), or
+  Σ_i c_i M_i from the materialised M_i.
+
+Rules (``RULES``, tried in order): linear-like (``nn.Linear`` on 2-D or 3-D inputs, HF ``Conv1D``,
+``nn.Conv2d`` with groups = 1 through unfold, LoRA's factors are such Linears), ``nn.Embedding``,
+normalisation layers in closed form (LayerNorm, GroupNorm, RMSNorm; FiLM's scale and shift are
+their affine parameters), and any other leaf module by exact per-sample gradients of that module
+alone (``torch.func`` vmap of a vjp through it). Randomised weight-norm estimators (Hutchinson,
+Hutch++) plug into the linear-like rule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vjp, vmap
+
+from .norm_estimators import WEIGHT_NORMS, gram_sq_norms
+
+#: Per-sample weight gradients are materialised only while they take at most this many bytes per
+#: layer and micro-batch; above it the ghost form is used (memory O(bT²) instead of O(bdp)).
+MATERIALISE_MAX_BYTES = 1 << 30
+#: What writing and reading back one entry of a materialised per-sample gradient costs, in
+#: multiply-adds (memory-bound; fitted on wrn16_4's convolutions, 1 CPU thread: 25–45).
+MATERIALISE_ENTRY_COST = 32
+
+
+def prefer_ghost(batch: int, T: int, d: int, p: int, itemsize: int) -> bool:
+    """Ghost norms ⟨A_iA_iᵀ, G_iG_iᵀ⟩ (~bT²(d+p) work) rather than materialised M_i = A_iᵀG_i
+    (~b·dp entries to write and read; the bTdp product both forms pay for the clipped sum), or
+    when the materialised M_i would not fit ``MATERIALISE_MAX_BYTES``."""
+    return T * T * (d + p) < MATERIALISE_ENTRY_COST * d * p or batch * d * p * itemsize > MATERIALISE_MAX_BYTES
+
+
+@dataclass
+class Call:
+    """One forward call of a recorded module: its (detached) inputs and, after the backward, the
+    gradient of Σ_i ℓ_i with respect to its output (or, for a broadcast parameter, to its
+    per-example expansion)."""
+
+    args: tuple
+    kwargs: dict
+    grad: torch.Tensor | None = None
+
+
+@dataclass
+class NormContext:
+    """What a rule needs besides the module: the weight estimator and its randomness."""
+
+    estimator: str
+    sketch_k: int | None
+    generator: torch.Generator | None
+
+
+@dataclass
+class LayerGrads:
+    """One module's per-sample view: squared norms ``sq`` [b] over its trainable parameters, and
+    ``clipped(c)`` → {local name: Σ_i c_i g_i shaped like the parameter}. ``form`` says how the
+    norms were computed and ``kept_bytes`` what the rule held in memory to do it."""
+
+    sq: torch.Tensor
+    clipped: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+    form: str
+    kept_bytes: int
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """At least float32 (per-sample norms in half precision lose the small examples)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _nbytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _own_forward(module: nn.Module, *bases: type) -> bool:
+    """``module`` is one of ``bases`` and runs one of their forwards (so its algebra is known)."""
+    return any(isinstance(module, b) and type(module).forward is b.forward for b in bases)
+
+
+def _materialised_rule(per_sample: dict[str, torch.Tensor], form: str, kept: int) -> LayerGrads:
+    """A LayerGrads from per-sample gradients {name: [b, *shape]}."""
+    first = next(iter(per_sample.values()))
+    dtype = _compute_dtype(first)
+    sq = sum(torch.linalg.vector_norm(g.flatten(1), dim=1, dtype=dtype).square() for g in per_sample.values())  # [b]
+
+    def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {n: torch.einsum("b,b...->...", c.to(g.dtype), g) for n, g in per_sample.items()}
+
+    return LayerGrads(sq, clipped, form, kept + _nbytes(*per_sample.values()))
+
+
+class Rule:
+    """A module family: which modules it handles and how it turns their calls into LayerGrads."""
+
+    name = "rule"
+
+    def handles(self, module: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def per_sample(self, module: nn.Module, calls: Sequence[Call], names: Sequence[str], ctx: NormContext,
+                   batch_size: int) -> LayerGrads:
+        raise NotImplementedError
+
+
+class LinearLike(Rule):
+    """Weight gradient Σ_t A_tᵀG_t: ``nn.Linear``, HF ``Conv1D`` and ``nn.Conv2d`` (groups = 1)."""
+
+    name = "linear"
+
+    def __init__(self) -> None:
+        try:
+            from transformers.pytorch_utils import Conv1D
+        except ImportError:  # transformers is a dependency; the rule simply does without it
+            Conv1D = None
+        self.conv1d = Conv1D
+
+    def handles(self, module: nn.Module) -> bool:
+        if _own_forward(module, nn.Linear):
+            return True
+        if self.conv1d is not None and _own_forward(module, self.conv1d):
+            return True
+        return (_own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
+                and not isinstance(module.padding, str))
+
+    def _inputs_and_grads(self, module: nn.Module, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A [b, T, d], G [b, T, p]) of one call."""
+        x, g = call.args[0], call.grad
+        if isinstance(module, nn.Conv2d):
+            A = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)  # [b, d, L]
+            return A.transpose(1, 2), g.flatten(2).transpose(1, 2)  # [b, L, d], [b, L, p]
+        return x.reshape(x.shape[0], -1, x.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+
+    def _weight_from(self, module: nn.Module, M: torch.Tensor) -> torch.Tensor:
+        """The weight-shaped gradient from M = Σ AᵀG [d, p]."""
+        if self.conv1d is not None and isinstance(module, self.conv1d):
+            return M  # Conv1D stores W as [d, p]
+        return M.t().reshape(module.weight.shape)  # Linear [p, d], Conv2d [p, C, kh, kw]
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        pairs = [self._inputs_and_grads(module, c) for c in calls]
+        A = pairs[0][0] if len(pairs) == 1 else torch.cat([a for a, _ in pairs], dim=1)  # [b, T, d]
+        G = pairs[0][1] if len(pairs) == 1 else torch.cat([g for _, g in pairs], dim=1)  # [b, T, p]
+        b, T, d = A.shape
+        p = G.shape[2]
+        dtype = _compute_dtype(G)
+        sq = torch.zeros(b, device=G.device, dtype=dtype)
+        M = None  # per-sample weight gradients [b, d, p], when materialised
+        form = "bias only"
+        if "weight" in names:
+            if ctx.estimator != "ghost":
+                form = ctx.estimator
+                sq = sq + WEIGHT_NORMS[ctx.estimator](A, G, ctx.sketch_k, ctx.generator)
+            elif T == 1:
+                form = "ghost (T = 1)"
+                sq = sq + A.to(dtype).pow(2).sum(dim=(1, 2)) * G.to(dtype).pow(2).sum(dim=(1, 2))
+            elif prefer_ghost(b, T, d, p, A.element_size()):
+                form = "ghost"
+                sq = sq + gram_sq_norms(A, G)
+            else:
+                form = "materialised"
+                M = torch.bmm(A.transpose(1, 2), G)  # [b, d, p]
+                sq = sq + torch.linalg.vector_norm(M.flatten(1), dim=1, dtype=dtype).square()
+        bias = G.sum(dim=1) if "bias" in names else None  # [b, p] per-sample bias gradients
+        if bias is not None:
+            sq = sq + bias.to(dtype).pow(2).sum(dim=1)
+
+        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+            out = {}
+            if "weight" in names:
+                if M is not None:
+                    W = torch.einsum("b,bdp->dp", c.to(M.dtype), M)
+                elif d <= p:  # scale the narrower side by c, then one product over all (i, t)
+                    W = (A * c.to(A.dtype)[:, None, None]).reshape(-1, d).t() @ G.reshape(-1, p)
+                else:
+                    W = A.reshape(-1, d).t() @ (G * c.to(G.dtype)[:, None, None]).reshape(-1, p)
+                out["weight"] = self._weight_from(module, W)
+            if bias is not None:
+                out["bias"] = c.to(bias.dtype) @ bias
+            return out
+
+        return LayerGrads(sq, clipped, form, _nbytes(A, G, M, bias))
+
+
+class Conv2d(Rule):
+    """``nn.Conv2d`` (any groups, zero padding): the per-sample weight gradients come from one
+    convolution backward with the batch folded into the groups — the same work as the batch weight
+    gradient, no unfold — then norms and Σ_i c_i g_i from them. Randomised weight estimators, and
+    layers where ``prefer_ghost`` says so (few positions, wide channels), go to the linear-like
+    rule's unfolded form (groups = 1; a grouped convolution's weight norms stay exact)."""
+
+    name = "conv2d"
+
+    def __init__(self, fallback: LinearLike) -> None:
+        self.fallback = fallback
+
+    def handles(self, module: nn.Module) -> bool:
+        return (_own_forward(module, nn.Conv2d) and module.padding_mode == "zeros"
+                and not isinstance(module.padding, str))
+
+    def _per_sample_weight(self, module: nn.Module, call: Call) -> torch.Tensor:
+        """[b, *weight.shape] per-sample weight gradients of one call."""
+        x, g = call.args[0], call.grad  # [b, C, H, W], [b, p, H', W']
+        b, w = x.shape[0], module.weight
+        shape_only = w.new_empty((b * w.shape[0], *w.shape[1:]))  # only its shape is read: no input gradient
+        folded = torch.ops.aten.convolution_backward(
+            g.reshape(1, -1, *g.shape[2:]), x.reshape(1, -1, *x.shape[2:]), shape_only, None, module.stride,
+            module.padding, module.dilation, False, (0, 0), b * module.groups, (False, True, False))[1]
+        # folded: [b·p, C/groups, kh, kw]
+        return folded.reshape(b, *module.weight.shape)
+
+    def _ghost(self, module: nn.Module, calls: Sequence[Call], batch_size: int) -> bool:
+        """Whether the unfolded ghost form is cheaper for this layer (``prefer_ghost``)."""
+        w = module.weight
+        positions = sum(c.grad[0, 0].numel() for c in calls)  # T: output positions over all calls
+        return prefer_ghost(batch_size, positions, w[0].numel(), w.shape[0], w.element_size())
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        if self.fallback.handles(module) and "weight" in names and (
+                ctx.estimator != "ghost" or self._ghost(module, calls, batch_size)):
+            return self.fallback.per_sample(module, calls, names, ctx, batch_size)
+        grads: dict[str, torch.Tensor] = {}
+        for call in calls:
+            parts = {}
+            if "weight" in names:
+                parts["weight"] = self._per_sample_weight(module, call)
+            if "bias" in names:
+                parts["bias"] = call.grad.sum(dim=(2, 3))  # [b, p]
+            for n, g in parts.items():
+                grads[n] = grads[n] + g if n in grads else g
+        return _materialised_rule(grads, "materialised (grouped conv)", 0)
+
+
+class Embedding(Rule):
+    """``nn.Embedding``: the per-example gradient is G summed over each example's equal tokens."""
+
+    name = "embedding"
+
+    def handles(self, module: nn.Module) -> bool:
+        return _own_forward(module, nn.Embedding) and not module.scale_grad_by_freq and not module.sparse
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        ids = torch.cat([c.args[0].reshape(batch_size, -1) for c in calls], dim=1)  # [b, T]
+        G = torch.cat([c.grad.reshape(batch_size, -1, module.embedding_dim) for c in calls], dim=1)  # [b, T, e]
+        example = torch.arange(batch_size, device=ids.device)[:, None].expand_as(ids)  # [b, T]
+        keep = ids != module.padding_idx if module.padding_idx is not None else torch.ones_like(ids, dtype=torch.bool)
+        keys = (example * module.num_embeddings + ids)[keep]  # [n] one key per (example, token id)
+        unique, slot = torch.unique(keys, return_inverse=True)
+        dtype = _compute_dtype(G)
+        rows = torch.zeros(len(unique), module.embedding_dim, device=G.device, dtype=dtype)
+        rows.index_add_(0, slot, G[keep].to(dtype))  # [u, e] one row of one example's gradient each
+        sq = torch.zeros(batch_size, device=G.device, dtype=dtype)
+        sq.index_add_(0, unique // module.num_embeddings, rows.pow(2).sum(dim=1))
+
+        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+            scaled = (G * c.to(G.dtype)[:, None, None])[keep]  # [n, e]
+            return {"weight": torch.zeros_like(module.weight).index_add_(0, ids[keep], scaled.to(module.weight.dtype))}
+
+        return LayerGrads(sq, clipped, "rows per example", _nbytes(ids, G, rows))
+
+
+def _layer_norm_types() -> tuple[type, ...]:
+    """nn.LayerNorm and library subclasses with the same algebra (timm's LayerNorm)."""
+    types: tuple[type, ...] = (nn.LayerNorm,)
+    try:
+        from timm.layers import LayerNorm as TimmLayerNorm
+        types += (TimmLayerNorm,)
+    except ImportError:
+        pass
+    return types
+
+
+class Normalisation(Rule):
+    """LayerNorm, GroupNorm, RMSNorm: y = x̂ ⊙ w + b with x̂ the normalised input, so the per-sample
+    gradients are Σ_positions x̂ ⊙ G (weight) and Σ_positions G (bias) — closed forms, one pass."""
+
+    name = "normalisation"
+
+    def __init__(self) -> None:
+        self.layer_norms = _layer_norm_types()
+
+    def handles(self, module: nn.Module) -> bool:
+        return _own_forward(module, *self.layer_norms, nn.GroupNorm, nn.RMSNorm)
+
+    def _normalised(self, module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """(x̂, the dims summed for a per-sample gradient) of one call."""
+        if isinstance(module, nn.GroupNorm):
+            xhat = F.group_norm(x, module.num_groups, None, None, module.eps)  # [b, C, *spatial]
+            return xhat, (0, *range(2, x.dim()))
+        shape = tuple(module.normalized_shape)
+        if isinstance(module, nn.RMSNorm):
+            xhat = F.rms_norm(x, shape, None, module.eps)
+        else:
+            xhat = F.layer_norm(x, shape, None, None, module.eps)
+        return xhat, tuple(range(x.dim() - len(shape)))
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        grads: dict[str, torch.Tensor] = {}
+        for call in calls:
+            x, G = call.args[0], call.grad
+            xhat, dims = self._normalised(module, x)
+            keep_batch = tuple(dim for dim in dims if dim != 0)  # sum over positions, not examples
+            parts = {"weight": (xhat * G).sum(dim=keep_batch) if keep_batch else xhat * G,
+                     "bias": G.sum(dim=keep_batch) if keep_batch else G}
+            for n in names:
+                grads[n] = grads[n] + parts[n] if n in grads else parts[n]
+        return _materialised_rule(grads, "closed form", 0)
+
+
+class Leaf(Rule):
+    """Any other module without children: exact per-sample gradients of its own parameters by
+    ``torch.func`` (vmap over examples of a vjp through the module alone)."""
+
+    name = "leaf (vmap)"
+
+    def handles(self, module: nn.Module) -> bool:
+        return next(module.children(), None) is None
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        params = {n: getattr(module, n).detach() for n in names}
+        total: dict[str, torch.Tensor] = {}
+        for call in calls:
+            if any(isinstance(v, torch.Tensor) for v in call.kwargs.values()):
+                raise ValueError(f"{type(module).__name__} ({', '.join(names)}) is called with tensor keyword "
+                                 "arguments; no per-sample rule")
+            batched = [isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch_size for a in call.args]
+
+            def example_grads(g: torch.Tensor, *xs: object, _call: Call = call, _batched: list = batched) -> dict:
+                args = tuple(x.unsqueeze(0) if b else x for x, b in zip(xs, _batched))
+                _, pullback = vjp(lambda p: functional_call(module, p, args, _call.kwargs), params)
+                return pullback(g.unsqueeze(0))[0]
+
+            try:
+                grads = vmap(example_grads, in_dims=(0, *[0 if b else None for b in batched]),
+                             randomness="error")(call.grad, *call.args)  # {name: [b, *shape]}
+            except Exception as exc:
+                raise ValueError(f"no per-sample gradient for {type(module).__name__} ({', '.join(names)}): "
+                                 f"{exc}") from exc
+            for n, g in grads.items():
+                total[n] = total[n] + g if n in total else g
+        return _materialised_rule(total, self.name, 0)
+
+
+class Broadcast(Rule):
+    """A parameter of leading size 1 that the model broadcasts over the batch (timm ViT's class,
+    register and distillation tokens and position embedding): the engine hands the model its
+    per-example expansion, whose gradient is the per-sample gradient itself."""
+
+    name = "broadcast"
+    #: (module type name, parameter names) whose use is a per-example broadcast.
+    KNOWN = {"VisionTransformer": ("cls_token", "reg_token", "dist_token", "pos_embed")}
+
+    def handles(self, module: nn.Module) -> bool:
+        return type(module).__name__ in self.KNOWN and type(module).__module__.startswith("timm.")
+
+    def parameter_names(self, module: nn.Module) -> tuple[str, ...]:
+        return self.KNOWN[type(module).__name__]
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        grads = {}
+        for call in calls:  # one call per parameter: args = (its name,)
+            grads[call.args[0]] = call.grad
+        return _materialised_rule({n: grads[n] for n in names if n in grads}, "per-example expansion", 0)
+
+
+#: Rules in the order they are tried; the leaf fallback last.
+_LINEAR = LinearLike()
+RULES: list[Rule] = [Conv2d(_LINEAR), _LINEAR, Embedding(), Normalisation(), Leaf()]
+BROADCAST = Broadcast()
