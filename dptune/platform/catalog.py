@@ -5,7 +5,7 @@ import dataclasses
 import functools
 
 from ..search_spaces import Catalog
-from ..trainables.clipping import CLIP_FNS
+from ..trainables.clip_factors import CLIP_FNS
 from ..trainables.config import TrainConfig
 from ..trainables.data import DATASETS, load_dataset
 from ..trainables.engine import DENOISERS, NORM_ENGINES

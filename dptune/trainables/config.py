@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..privacy import NORM_ESTIMATORS
-from .clipping import CLIP_FNS
+from .clip_factors import CLIP_FNS
 from .denoise import DEFAULT_KAPPA
 from .engine import DENOISERS
 from .finetuning import PEFT_METHODS

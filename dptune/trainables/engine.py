@@ -16,23 +16,27 @@ import torch
 from torch import nn
 
 from .batching import Inputs, batch_len, micro_batches
-from .clipping import CLIP_FNS, clip_factors
+from .clip_factors import CLIP_FNS, clip_factors
 from .denoise import DEFAULT_KAPPA, rmt_denoise_matrices
 from .norm_stats import class_norm_statistics
+from ..registry import Registry
 from .book_keeping import book_keeping_engine
 from .per_sample import LossFn, VmapNormEngine, check_model, trainable_parameters
 
 #: Per-sample norm engines by ``norm_estimator``: the book-keeping hook engine with the exact
 #: (ghost / materialised) weight norms or a randomised estimator. All three are accounted for.
-NORM_ENGINES: dict[str, Callable[..., object]] = {
-    "exact": book_keeping_engine("ghost"), "hutchinson": book_keeping_engine("hutchinson"),
-    "hutchpp": book_keeping_engine("hutchpp")}
+NORM_ENGINES: Registry[Callable[..., object]] = Registry("norm_estimator")
+for _estimator, _weights in (("exact", "ghost"), ("hutchinson", "hutchinson"), ("hutchpp", "hutchpp")):
+    NORM_ENGINES.register(_estimator, book_keeping_engine(_weights))
 #: Implementations of exact per-sample gradients (``per_sample``): ``hooks`` is the default
 #: book-keeping engine, ``vmap`` the whole-model ``torch.func`` reference that tests compare to.
-EXACT_ENGINES: dict[str, Callable[..., object]] = {"hooks": NORM_ENGINES["exact"], "vmap": VmapNormEngine}
+EXACT_ENGINES: Registry[Callable[..., object]] = Registry("per_sample")
+EXACT_ENGINES.register("hooks", NORM_ENGINES.get("exact"))
+EXACT_ENGINES.register("vmap", VmapNormEngine)
 #: Gradient denoisers by ``denoise`` name: fn({name: ĝ of a 2-D parameter}, noise std per entry, *, kappa)
 #: -> ({name: denoised matrix}, step statistics). They see the privatised ĝ and nothing per-sample.
-DENOISERS: dict[str, Callable[..., tuple[dict[str, torch.Tensor], dict]]] = {"rmt": rmt_denoise_matrices}
+DENOISERS: Registry[Callable[..., tuple[dict[str, torch.Tensor], dict]]] = Registry("denoise")
+DENOISERS.register("rmt", rmt_denoise_matrices)
 
 
 class DPEngine:
@@ -59,12 +63,7 @@ class DPEngine:
             raise ValueError(f"noise_multiplier must be >= 0; got {noise_multiplier!r}")
         if not expected_batch_size > 0:
             raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}")
-        if clip_fn not in CLIP_FNS:
-            raise ValueError(f"clip_fn must be one of {', '.join(CLIP_FNS)}; got {clip_fn!r}")
-        if norm_estimator not in NORM_ENGINES:
-            raise ValueError(f"norm_estimator must be one of {', '.join(NORM_ENGINES)}; got {norm_estimator!r}")
-        if per_sample not in EXACT_ENGINES:
-            raise ValueError(f"per_sample must be one of {', '.join(EXACT_ENGINES)}; got {per_sample!r}")
+        CLIP_FNS.get(clip_fn), NORM_ENGINES.get(norm_estimator), EXACT_ENGINES.get(per_sample)  # name the field
         if per_sample != "hooks" and norm_estimator != "exact":
             raise ValueError(f"per_sample={per_sample!r} computes exact norms only; got norm_estimator={norm_estimator!r}")
         if denoise is not None and denoise not in DENOISERS:
@@ -85,7 +84,7 @@ class DPEngine:
         self.denoise_kappa = float(denoise_kappa)
         self.max_physical_batch_size = max_physical_batch_size
         self.generator = generator
-        build = EXACT_ENGINES[per_sample] if norm_estimator == "exact" else NORM_ENGINES[norm_estimator]
+        build = EXACT_ENGINES.get(per_sample) if norm_estimator == "exact" else NORM_ENGINES.get(norm_estimator)
         self.norms = build(model, loss_fn, sketch_k=sketch_k, generator=generator)
 
     def private_gradient(self, inputs: Inputs, targets: torch.Tensor) -> dict:
@@ -139,7 +138,7 @@ class DPEngine:
             return private, None
         matrices = {n: g.detach() for n, g in private.items() if g.dim() == 2}
         entry_std = self.noise_multiplier / self.expected_batch_size
-        denoised, stats = DENOISERS[self.denoise](matrices, entry_std, kappa=self.denoise_kappa)
+        denoised, stats = DENOISERS.get(self.denoise)(matrices, entry_std, kappa=self.denoise_kappa)
         return {**private, **denoised}, stats
 
     def _gaussian_like(self, t: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from torch import nn
 from dptune.trainables import DPEngine
 from dptune.trainables.batching import model_outputs
 from dptune.trainables.book_keeping import BookKeepingEngine
-from dptune.trainables.clipping import flat_clip
+from dptune.trainables.clip_factors import flat_clip
 from dptune.trainables.layer_rules import prefer_ghost
 from dptune.trainables.models import create_model
 

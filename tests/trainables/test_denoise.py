@@ -237,7 +237,9 @@ def test_engine_calls_denoiser_with_only_the_private_gradient_and_noise_std(monk
         return dict(matrices), {"layers": len(matrices), "passed_gate": 0, "mean_shrinkage": math.nan,
                                 "mean_rank": math.nan}
 
-    monkeypatch.setitem(DENOISERS, "recording", recording)
+    registry = DENOISERS.copy()
+    registry.register("recording", recording)
+    monkeypatch.setattr("dptune.trainables.engine.DENOISERS", registry)
     x, y = batch(0)
     plain_model, rec_model = small_model(), small_model()
     engine(plain_model, None).private_gradient(x, y)

@@ -6,7 +6,7 @@ from torch import nn
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.trainables import DPEngine, ghost_sq_norms, hutchinson_sq_norms, hutchpp_sq_norms
 from dptune.trainables.batching import model_outputs
-from dptune.trainables.clipping import flat_clip
+from dptune.trainables.clip_factors import flat_clip
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.engine import NORM_ENGINES
 from dptune.trainables.book_keeping import BookKeepingEngine

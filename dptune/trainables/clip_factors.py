@@ -1,4 +1,4 @@
-"""Per-sample clipping factors, by name (``clip_fn``).
+"""Per-sample clipping factors c_i, by name (``clip_fn``).
 
 Each returns the factor c_i that scales g_i; every variant guarantees ‖c_i g_i‖ ≤ C, which is
 what the accountant's sensitivity assumes.
@@ -9,34 +9,26 @@ from typing import Callable
 
 import torch
 
+from ..registry import Registry
+
 ClipFn = Callable[[torch.Tensor, float], torch.Tensor]
-CLIP_FNS: dict[str, ClipFn] = {}
+CLIP_FNS: Registry[ClipFn] = Registry("clip_fn")
 #: AUTO-S stability constant γ (Bu et al. 2023, "Automatic clipping").
 AUTO_S_GAMMA = 0.01
 
 
-def register_clip_fn(name: str) -> Callable[[ClipFn], ClipFn]:
-    def decorate(fn: ClipFn) -> ClipFn:
-        CLIP_FNS[name] = fn
-        return fn
-
-    return decorate
-
-
-@register_clip_fn("flat")
+@CLIP_FNS.register("flat")
 def flat_clip(norms: torch.Tensor, clip_bound: float) -> torch.Tensor:
     """min(1, C/n_i) (Abadi et al. 2016)."""
     return (clip_bound / norms.clamp_min(1e-30)).clamp(max=1.0)
 
 
-@register_clip_fn("auto_s")
+@CLIP_FNS.register("auto_s")
 def auto_s_clip(norms: torch.Tensor, clip_bound: float) -> torch.Tensor:
     """C/(n_i + γ): every gradient is normalised (AUTO-S); ‖c_i g_i‖ < C."""
     return clip_bound / (norms + AUTO_S_GAMMA)
 
 
 def clip_factors(name: str, norms: torch.Tensor, clip_bound: float) -> torch.Tensor:
-    try:
-        return CLIP_FNS[name](norms, clip_bound)
-    except KeyError:
-        raise ValueError(f"clip_fn must be one of {', '.join(CLIP_FNS)}; got {name!r}") from None
+    """c = ``CLIP_FNS[name]``(n, C); an unknown name raises ValueError listing the registered ones."""
+    return CLIP_FNS.get(name)(norms, clip_bound)
