@@ -6,9 +6,11 @@ User mistakes (bad arguments, unknown names) become a one-line error and exit co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
+import typing
 from typing import Callable, Sequence, TextIO
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -21,54 +23,47 @@ def _float_or_inf(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number or 'inf'; got {text!r}") from None
 
 
+#: Extra spellings of ``train`` flags; every TrainConfig field also has ``--field-name``.
+TRAIN_ALIASES = {"clip_bound": ("-C",), "batch_size": ("-B",), "learning_rate": ("--lr",)}
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object (e.g. '{{\"hidden\": 64}}'); got {text!r}")
+    return value
+
+
+def _train_flag(field: dataclasses.Field, annotation: object) -> tuple[tuple[str, ...], dict]:
+    """The flags and ``add_argument`` keywords of one TrainConfig field: type from its annotation
+    (``X | None`` as X), choices from its registry, help from its metadata, default from the field."""
+    kinds = [a for a in (typing.get_args(annotation) or (annotation,)) if a is not type(None)]
+    kind = kinds[0] if len(kinds) == 1 else str
+    parse = {float: _float_or_inf, int: int, str: str, dict: _json_object}[kind]
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    text = field.metadata.get("help", "").replace("%", "%%")
+    if not text.endswith("]"):
+        text += " [none]" if default is None else " [%(default)s]"
+    kwargs = {"dest": field.name, "type": parse, "default": default, "help": text}
+    if field.metadata.get("choices") is not None:
+        kwargs["choices"] = list(field.metadata["choices"])  # a registry's names (or a tuple's items)
+    return (*TRAIN_ALIASES.get(field.name, ()), "--" + field.name.replace("_", "-")), kwargs
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from .trainables.config import TrainConfig
 
-    d = TrainConfig()
     p = sub.add_parser("train", help="one DP training run, without Ray",
                        description="Train one model with DP-SGD / DP-Adam and print accuracy, loss and ε spent "
                                    "after every epoch. σ is calibrated so that ε spent after all T = ⌈E·N/B⌉ "
                                    "steps does not exceed --epsilon.")
-    p.add_argument("--dataset", default=d.dataset,
-                   help="registered dataset (digits, mnist5k, bbc_news, cifar100, …) [%(default)s]")
-    p.add_argument("--model", default=d.model,
-                   help="registered model (mlp, cnn, wrn16_4, all-MiniLM-L6-v2, vit_tiny_patch16_224.augreg_in21k, "
-                        "timm:<name>, hf:<hub id or dir>, …) [%(default)s]")
-    p.add_argument("--epsilon", type=_float_or_inf, default=d.epsilon,
-                   help="privacy budget ε; 'inf' trains the non-private baseline [%(default)s]")
-    p.add_argument("--delta", type=float, default=d.delta, help="δ [%(default)s]")
-    p.add_argument("-C", "--clip-bound", type=float, default=d.clip_bound, help="clipping bound C [%(default)s]")
-    p.add_argument("-B", "--batch-size", type=int, default=d.batch_size,
-                   help="expected (Poisson) batch size B [%(default)s]")
-    p.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, default=d.learning_rate,
-                   help="learning rate η [%(default)s]")
-    p.add_argument("--epochs", type=float, default=d.epochs, help="epochs E [%(default)s]")
-    p.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adam", "adamw"], help="[%(default)s]")
-    p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum [%(default)s]")
-    p.add_argument("--clip-fn", default=d.clip_fn, choices=["flat", "auto_s"], help="[%(default)s]")
-    p.add_argument("--norm-estimator", default=d.norm_estimator, choices=["exact", "hutchinson", "hutchpp"],
-                   help="per-sample norms: exact, or randomized clipping (Hutchinson / Hutch++ with --sketch-k "
-                        "probes; σ is calibrated with its accountant) [%(default)s]")
-    p.add_argument("--sketch-k", type=int, default=d.sketch_k, help="probes k of hutchinson / hutchpp (e.g. 32)")
-    p.add_argument("--denoise", default=d.denoise, choices=["rmt"],
-                   help="denoise the privatised gradient of 2-D parameters (rmt: RMT spectral shrinkage; "
-                        "post-processing, no privacy cost) [none]")
-    p.add_argument("--denoise-kappa", type=float, default=d.denoise_kappa,
-                   help="RMT gate κ: a layer is denoised only if its top singular value exceeds κ times the "
-                        "noise bulk edge [%(default)s]")
-    p.add_argument("--max-physical-batch-size", type=int, default=None,
-                   help="split logical batches into micro-batches of this size (memory only; same result)")
-    p.add_argument("--peft", default=d.peft, choices=["film", "lora", "head", "full"],
-                   help="pretrained backbones: what is trained (film: norm scale/bias + head; lora: adapters + "
-                        "head; head; full) [the backbone's default: film for ViT, lora for text]")
-    p.add_argument("--weights", default=d.weights,
-                   help="pretrained backbones: a local checkpoint file or directory, or 'random' [hub, or the HF "
-                        "cache when the hub is unreachable]")
-    p.add_argument("--data-dir", default=d.data_dir,
-                   help="local copy of an HF dataset: a save_to_disk directory, Parquet files or an image folder")
-    p.add_argument("--max-length", type=int, default=d.max_length, help="text: tokens per example [128]")
-    p.add_argument("--seed", type=int, default=d.seed, help="[%(default)s]")
-    p.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N [%(default)s]")
+    hints = typing.get_type_hints(TrainConfig)
+    for field in dataclasses.fields(TrainConfig):
+        flags, kwargs = _train_flag(field, hints[field.name])
+        p.add_argument(*flags, **kwargs)
     p.add_argument("--json", metavar="FILE", help="also write the per-epoch metrics to FILE as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run_train)
@@ -80,14 +75,7 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
     from .trainables.config import TrainConfig
     from .trainables.training import Trainer
 
-    cfg = TrainConfig(dataset=args.dataset, model=args.model, epsilon=args.epsilon, delta=args.delta,
-                      clip_bound=args.clip_bound, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                      epochs=args.epochs, optimizer=args.optimizer, momentum=args.momentum, clip_fn=args.clip_fn,
-                      norm_estimator=args.norm_estimator, sketch_k=args.sketch_k,
-                      denoise=args.denoise, denoise_kappa=args.denoise_kappa,
-                      max_physical_batch_size=args.max_physical_batch_size, seed=args.seed,
-                      device=args.device, peft=args.peft, weights=args.weights, data_dir=args.data_dir,
-                      max_length=args.max_length).validate()
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}).validate()
     trainer = Trainer(cfg)
     plan = trainer.plan
     print(f"{cfg.dataset}: {trainer.n_train} train / {len(trainer.data.test)} test, "

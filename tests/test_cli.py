@@ -1,15 +1,85 @@
 """The dptune command line: help, a short run, and one-line errors with exit code 2."""
+import argparse
+import dataclasses
 import io
 import json
+import re
 import subprocess
 import sys
 
-from dptune.cli import EXIT_USAGE, main
+import pytest
+
+from dptune.cli import EXIT_USAGE, build_parser, main
+from dptune.trainables.config import TrainConfig
+
+#: The commands DESIGN.md promises (``dptune --help`` lists all).
+COMMANDS = ("sweep", "resume", "plan", "train", "query", "heatmap", "report")
 
 
-def test_help_lists_commands():
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def train_actions() -> dict[str, argparse.Action]:
+    return {a.dest: a for a in subcommands()["train"]._actions}
+
+
+def test_help_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "dptune", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "train" in out.stdout
+    assert out.returncode == 0
+    listed = set(re.findall(r"^    (\S+)  ", out.stdout, flags=re.MULTILINE))  # "    train     one DP …"
+    assert set(COMMANDS) <= listed, sorted(set(COMMANDS) - listed)
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_each_command_has_its_own_help(command, capsys):
+    descriptions = {name: p.description for name, p in subcommands().items()}
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0 and text.startswith(f"usage: dptune {command} ")
+    squeeze = lambda t: re.sub(r"\s+", "", t)  # noqa: E731  (help wraps lines, also at hyphens)
+    assert descriptions[command] and squeeze(descriptions[command]) in squeeze(text)
+    assert list(descriptions.values()).count(descriptions[command]) == 1  # not another command's text
+
+
+def test_every_train_config_field_has_a_flag_with_its_default():
+    actions = train_actions()
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in actions]
+    assert not missing, f"TrainConfig fields without a `dptune train` flag: {missing}"
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        assert actions[f.name].default == getattr(defaults, f.name), f.name
+        assert f"--{f.name.replace('_', '-')}" in actions[f.name].option_strings
+        assert actions[f.name].help and f.metadata.get("help"), f"{f.name} has no help text"
+    args = build_parser().parse_args(["train"])
+    assert TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}) == defaults
+
+
+def test_train_choices_are_the_registries_names():
+    from dptune.trainables.clip_factors import CLIP_FNS
+    from dptune.trainables.engine import DENOISERS, NORM_ENGINES
+    from dptune.trainables.finetuning import PEFT_METHODS
+    from dptune.trainables.optimizers import OPTIMIZERS
+
+    actions = train_actions()
+    assert actions["optimizer"].choices == list(OPTIMIZERS) == ["sgd", "adam", "adamw"]
+    assert actions["clip_fn"].choices == list(CLIP_FNS)
+    assert actions["norm_estimator"].choices == list(NORM_ENGINES)
+    assert actions["denoise"].choices == list(DENOISERS)
+    assert actions["peft"].choices == list(PEFT_METHODS)
+
+
+def test_train_flags_keep_their_spellings_and_types():
+    args = build_parser().parse_args(["train", "-C", "0.5", "-B", "64", "--lr", "0.1", "--epsilon", "inf",
+                                      "--sketch-k", "8", "--model-options", '{"hidden": 16}'])
+    assert (args.clip_bound, args.batch_size, args.learning_rate, args.sketch_k) == (0.5, 64, 0.1, 8)
+    assert args.epsilon == float("inf") and args.model_options == {"hidden": 16} and args.denoise is None
+    assert build_parser().parse_args(["train", "--learning-rate", "3"]).learning_rate == 3.0
+    for bad in (["--epsilon", "lots"], ["--optimizer", "lamb"], ["-B", "1.5"], ["--model-options", "[1]"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", *bad])
 
 
 def test_train_prints_epochs_and_writes_json(tmp_path):

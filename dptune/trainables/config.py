@@ -1,45 +1,69 @@
-"""The flat, typed configuration of one training run (a trial), validated before any work."""
+"""The flat, typed configuration of one training run (a trial), validated before any work.
+
+Each field carries its help text and, where its values come from a registry, that registry
+(``metadata["choices"]``): ``dptune train`` builds one flag per field from them, so a new option
+is one edit here.
+"""
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any, Collection
 
 from ..privacy import NORM_ESTIMATORS
 from .clip_factors import CLIP_FNS
 from .denoise import DEFAULT_KAPPA
-from .engine import DENOISERS
+from .engine import DENOISERS, NORM_ENGINES
 from .finetuning import PEFT_METHODS
 from .optimizers import OPTIMIZERS
 
 
+def option(default: Any, help: str, *, choices: Collection[str] | None = None) -> Any:
+    """A config field: its default, its help text, and the registry (or names) its values come from
+    (``None`` is allowed besides them when the default is ``None``)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
 @dataclass
 class TrainConfig:
-    dataset: str = "digits"            # a name registered in trainables.data
-    model: str = "cnn"                 # a name registered in trainables.models
-    epsilon: float = 8.0               # target ε; math.inf trains without privacy
-    delta: float = 1e-5
-    clip_bound: float = 1.0            # C
-    batch_size: int = 128              # expected (Poisson) batch size B
-    learning_rate: float = 2.0         # η (ĝ is normalised by B·C, so η does not move with C)
-    epochs: float = 10.0               # E: the run takes T = ⌈E·N/B⌉ steps
-    optimizer: str = "sgd"             # sgd | adam | adamw
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    clip_fn: str = "flat"              # flat | auto_s
-    norm_estimator: str = "exact"
-    sketch_k: int | None = None
-    denoise: str | None = None         # None | rmt: spectral denoising of 2-D gradients (no privacy cost)
-    denoise_kappa: float = DEFAULT_KAPPA  # RMT gate κ: denoise a layer only if λ̃₁ > κ·s(√m+√n)
-    max_physical_batch_size: int | None = None
-    seed: int = 0
-    device: str = "auto"               # auto | cpu | cuda | cuda:N
-    noise_multiplier: float | None = None  # σ precomputed by a planner; None: calibrate here
-    model_options: dict = field(default_factory=dict)
-    peft: str | None = None            # pretrained backbones: film | lora | head | full (None: the backbone's default)
-    weights: str | None = None         # pretrained backbones: None (hub, or HF cache) | local file/dir | "random"
-    data_dir: str | None = None        # local copy of an HF dataset: save_to_disk dir, Parquet files or image folder
-    max_length: int | None = None      # text: tokens per example (None: the dataset's default, 128)
+    dataset: str = option("digits", "registered dataset (digits, mnist5k, bbc_news, cifar100, …)")
+    model: str = option("cnn", "registered model (mlp, cnn, wrn16_4, all-MiniLM-L6-v2, "
+                               "vit_tiny_patch16_224.augreg_in21k, timm:<name>, hf:<hub id or dir>, …)")
+    epsilon: float = option(8.0, "privacy budget ε; 'inf' trains the non-private baseline")
+    delta: float = option(1e-5, "δ")
+    clip_bound: float = option(1.0, "clipping bound C")
+    batch_size: int = option(128, "expected (Poisson) batch size B")
+    learning_rate: float = option(2.0, "learning rate η (ĝ is normalised by B·C, so η does not move with C)")
+    epochs: float = option(10.0, "epochs E: the run takes T = ⌈E·N/B⌉ steps")
+    optimizer: str = option("sgd", "optimizer of the privatised gradient", choices=OPTIMIZERS)
+    momentum: float = option(0.0, "SGD momentum")
+    weight_decay: float = option(0.0, "weight decay")
+    clip_fn: str = option("flat", "per-sample clipping: flat min(1, C/n_i), or auto_s C/(n_i + γ) (AUTO-S)",
+                          choices=CLIP_FNS)
+    norm_estimator: str = option("exact", "per-sample norms: exact, or randomized clipping (Hutchinson / Hutch++ "
+                                          "with --sketch-k probes; σ is calibrated with its accountant)",
+                                 choices=NORM_ENGINES)
+    sketch_k: int | None = option(None, "probes k of hutchinson / hutchpp (e.g. 32)")
+    denoise: str | None = option(None, "denoise the privatised gradient of 2-D parameters (rmt: RMT spectral "
+                                       "shrinkage; post-processing, no privacy cost)", choices=DENOISERS)
+    denoise_kappa: float = option(DEFAULT_KAPPA, "RMT gate κ: a layer is denoised only if its top singular value "
+                                                 "exceeds κ times the noise bulk edge s(√m+√n)")
+    max_physical_batch_size: int | None = option(None, "split logical batches into micro-batches of this size "
+                                                       "(memory only; same result)")
+    seed: int = option(0, "seed of the data split, the model, the batches and the noise")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    noise_multiplier: float | None = option(None, "σ precomputed by a planner [calibrated here from ε, δ, q, T]")
+    model_options: dict = field(default_factory=dict, metadata={
+        "help": "architecture overrides for the model, as a JSON object (e.g. '{\"hidden\": 64}')", "choices": None})
+    peft: str | None = option(None, "pretrained backbones: what is trained (film: norm scale/bias + head; lora: "
+                                    "adapters + head; head; full) [the backbone's default: film for ViT, lora for "
+                                    "text]", choices=PEFT_METHODS)
+    weights: str | None = option(None, "pretrained backbones: a local checkpoint file or directory, or 'random' "
+                                       "[hub, or the HF cache when the hub is unreachable]")
+    data_dir: str | None = option(None, "local copy of an HF dataset: a save_to_disk directory, Parquet files or an "
+                                        "image folder")
+    max_length: int | None = option(None, "text: tokens per example [the dataset's default, 128]")
 
     @property
     def private(self) -> bool:
@@ -57,17 +81,21 @@ class TrainConfig:
         need(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size", "a whole number >= 1")
         need(self.learning_rate > 0, "learning_rate", "> 0")
         need(self.epochs > 0, "epochs", "> 0")
-        need(self.optimizer in OPTIMIZERS, "optimizer", f"one of {', '.join(OPTIMIZERS)}")
         need(self.momentum >= 0, "momentum", ">= 0")
-        need(self.clip_fn in CLIP_FNS, "clip_fn", f"one of {', '.join(CLIP_FNS)}")
-        need(self.norm_estimator in NORM_ESTIMATORS, "norm_estimator", f"one of {', '.join(NORM_ESTIMATORS)}")
-        need(self.denoise is None or self.denoise in DENOISERS, "denoise", f"None or one of {', '.join(DENOISERS)}")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices is not None:
+                value = getattr(self, f.name)
+                optional = f.default is None
+                need((optional and value is None) or value in choices, f.name,
+                     ("None or " if optional else "") + f"one of {', '.join(choices)}")
+        need(self.norm_estimator in NORM_ESTIMATORS, "norm_estimator",
+             f"one with an accountant: {', '.join(NORM_ESTIMATORS)}")
         need(math.isfinite(self.denoise_kappa) and self.denoise_kappa >= 1, "denoise_kappa",
              ">= 1 (the gate sits at κ times the noise bulk edge)")
         need(self.max_physical_batch_size is None or self.max_physical_batch_size >= 1,
              "max_physical_batch_size", "None or >= 1")
         need(self.noise_multiplier is None or self.noise_multiplier >= 0, "noise_multiplier", "None or >= 0")
-        need(self.peft is None or self.peft in PEFT_METHODS, "peft", f"None or one of {', '.join(PEFT_METHODS)}")
         need(self.max_length is None or (isinstance(self.max_length, int) and self.max_length >= 2), "max_length",
              "None or a whole number >= 2")
         return self

@@ -1,11 +1,31 @@
-"""Optimizers for the privatised gradient, by name."""
+"""Optimizers for the privatised gradient, by name (``OPTIMIZERS``, a registry of builders)."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
+from ..registry import Registry
+
+OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optimizer")
+
+
+@OPTIMIZERS.register("sgd")
+def sgd(params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float,
+        weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+@OPTIMIZERS.register("adam")
+def adam(params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float,
+         weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)  # momentum: Adam's own β₁
+
+
+@OPTIMIZERS.register("adamw")
+def adamw(params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float,
+          weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float = 0.0,
@@ -13,10 +33,4 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], *, lr: float
     """SGD (optional momentum), Adam or AdamW at learning rate ``lr``."""
     if not lr > 0:
         raise ValueError(f"learning_rate must be > 0; got {lr!r}")
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
+    return OPTIMIZERS.get(name)(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
