@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -33,7 +34,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from .batching import Inputs, batch_len, model_outputs
-from .layer_rules import BROADCAST, RULES, Call, LayerGrads, NormContext, Rule
+from .layer_rules import BROADCAST, RULES, Call, NormContext, Rule
 from .norm_estimators import WEIGHT_NORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
 
@@ -55,6 +56,9 @@ class _Planned:
     edges: list = field(default_factory=list)
     form: str = "unused"
     kept_bytes: int = 0
+    arrived: int = 0  # output gradients received in this backward (two-pass mode)
+    sq: torch.Tensor | None = None  # per-sample squared norms, once reduced (two-pass mode)
+    batch_grads: dict = field(default_factory=dict)  # Σ_i g_i for the coverage check (two-pass mode)
 
 
 def plan_modules(model: nn.Module) -> list[_Planned]:
@@ -97,10 +101,16 @@ class BookKeepingEngine:
     ``estimator`` ("ghost" exact, "hutchinson" or "hutchpp") is used for the weights of the
     linear-like layers; ``sketch_k`` is the number of probes k of the randomised estimators;
     ``generator`` draws the probes (fresh for every micro-batch and layer).
+
+    ``max_kept_bytes`` bounds the output gradients G the engine may hold at once (None: half the
+    device's free memory, read after the forward). Above it the engine falls back to two backward
+    passes: the first reduces each layer to its per-sample norms as soon as its G arrives and
+    drops G, the second backpropagates Σ_i c_i ℓ_i for the clipped sum (Opacus's ghost clipping:
+    autograd's saved activations and one layer's G at a time, at ~1.5× the work).
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, estimator: str = "ghost", sketch_k: int | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, max_kept_bytes: int | None = None) -> None:
         if estimator not in WEIGHT_NORMS:
             raise ValueError(f"estimator must be one of {', '.join(WEIGHT_NORMS)}; got {estimator!r}")
         if estimator != "ghost" and (isinstance(sketch_k, bool) or not isinstance(sketch_k, int) or sketch_k < 1):
@@ -111,6 +121,9 @@ class BookKeepingEngine:
         self.params = trainable_parameters(model)
         self.planned = plan_modules(model)
         self.checked = False
+        self.max_kept_bytes = max_kept_bytes
+        self.mode = "book-keeping"
+        self._streaming = False
 
     # ---- forward: record inputs and output edges --------------------------------------------------
 
@@ -136,9 +149,8 @@ class BookKeepingEngine:
                     == (batch_size,)):
                 raise ValueError(f"{', '.join(entry.qualified)}: the engine needs the batch on dim 0 of "
                                  f"{type(module).__name__}'s first input and output")
-            entry.calls.append(Call(tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args),
-                                    dict(kwargs)))
-            entry.edges.append(get_gradient_edge(output))
+            call = Call(tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args), dict(kwargs))
+            self._track(entry, call, output)
 
         def expand_parameters(entry: _Planned, module: nn.Module, args: tuple, kwargs: dict) -> None:
             # The model sees each broadcast parameter as its per-example expansion [b, *shape[1:]].
@@ -146,8 +158,7 @@ class BookKeepingEngine:
                 p = module._parameters[local]
                 expanded = p.expand(batch_size, *p.shape[1:])
                 module._parameters[local] = expanded
-                entry.calls.append(Call((local,), {}))
-                entry.edges.append(get_gradient_edge(expanded))
+                self._track(entry, Call((local,), {}), expanded)
 
         def restore_parameters(entry: _Planned, params: dict) -> None:
             for local, p in params.items():
@@ -172,6 +183,32 @@ class BookKeepingEngine:
             for restore in restores:
                 restore()
 
+    def _track(self, entry: _Planned, call: Call, output: torch.Tensor) -> None:
+        """Keep ``call`` with its output's gradient edge; its G is delivered by a tensor hook."""
+        entry.calls.append(call)
+        entry.edges.append(get_gradient_edge(output))
+        call.out_bytes = output.numel() * output.element_size()
+        output.register_hook(functools.partial(self._arrived, entry, call))
+
+    def _arrived(self, entry: _Planned, call: Call, grad: torch.Tensor) -> None:
+        """Tensor hook: the output gradient G of one call (before any in-place change of the output)."""
+        call.grad = grad.detach().unsqueeze(1) if entry.rule is BROADCAST else grad.detach()
+        if self._streaming:
+            entry.arrived += 1
+            if entry.arrived == len(entry.calls):
+                self._reduce(entry)
+
+    def _reduce(self, entry: _Planned) -> None:
+        """Two-pass mode: one layer's per-sample norms (and, first batch, its Σ_i g_i); drop A and G."""
+        calls = [c for c in entry.calls if c.grad is not None]
+        if calls:
+            grads = entry.rule.per_sample(entry.module, calls, entry.names, self.ctx, len(calls[0].grad))
+            entry.sq, entry.form, entry.kept_bytes = grads.sq, grads.form, grads.kept_bytes
+            if not self.checked:
+                entry.batch_grads = grads.clipped(torch.ones_like(grads.sq))
+        for call in entry.calls:
+            call.args, call.grad = (), None
+
     # ---- one micro-batch ----------------------------------------------------------------------------
 
     def clipped_sum(self, inputs: Inputs, targets: torch.Tensor,
@@ -179,62 +216,89 @@ class BookKeepingEngine:
         """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) with c = factors(n)."""
         batch_size = batch_len(inputs)
         for entry in self.planned:
-            entry.calls, entry.edges = [], []
+            entry.calls, entry.edges, entry.arrived, entry.sq, entry.batch_grads = [], [], 0, None, {}
         try:
             with self._recording(batch_size):
                 outputs = model_outputs(self.model, inputs)
             losses = self.loss_fn(outputs, targets)  # [b]
-            reference = None
-            if not self.checked:  # the coverage check's reference, first batch only
-                reference = torch.autograd.grad(losses.sum(), list(self.params.values()), retain_graph=True,
-                                                allow_unused=True)
-            self._output_grads(losses)
-            layers = [(e, e.rule.per_sample(e.module, e.calls, e.names, self.ctx, batch_size))
-                      for e in self.planned if e.calls]
-            sq = torch.zeros(batch_size, device=losses.device, dtype=torch.promote_types(losses.dtype, torch.float32))
-            for entry, grads in layers:
-                sq = sq + grads.sq.to(sq.dtype)
-                entry.form, entry.kept_bytes = grads.form, grads.kept_bytes
-            if reference is not None:
-                self._check_coverage(layers, dict(zip(self.params, reference)))
-            norms = sq.clamp_min(0).sqrt().to(losses.dtype)  # [b]
-            c = factors(norms).detach()  # [b]
-            sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
-            for entry, grads in layers:
-                for local, g in grads.clipped(c).items():
-                    qualified = entry.qualified[entry.names.index(local)]
-                    sums[qualified] += g.reshape(sums[qualified].shape).to(sums[qualified].dtype)
-            return sums, norms
+            kept = sum(c.out_bytes for e in self.planned for c in e.calls)
+            if kept <= self._budget(losses.device):
+                self.mode = "book-keeping"
+                return self._book_keeping(losses, factors)
+            self.mode = "two backward passes"
+            return self._two_passes(losses, factors)
         finally:
+            self._streaming = False
             for entry in self.planned:  # release the stored activations and gradients
-                entry.calls, entry.edges = [], []
+                entry.calls, entry.edges, entry.sq, entry.batch_grads = [], [], None, {}
 
-    def _output_grads(self, losses: torch.Tensor) -> None:
-        """One backward of Σ_i ℓ_i to the recorded outputs only; G goes to each call."""
-        calls = [(entry, call) for entry in self.planned for call in entry.calls]
+    def _budget(self, device: torch.device) -> float:
+        """Bytes of output gradients the engine may keep (``max_kept_bytes``, else half the free memory)."""
+        if self.max_kept_bytes is not None:
+            return self.max_kept_bytes
+        return 0.5 * free_memory(device)
+
+    def _book_keeping(self, losses: torch.Tensor, factors: FactorFn) -> tuple[dict, torch.Tensor]:
+        """One backward to the recorded outputs; norms and clipped sums from the same A and G."""
+        reference = None
+        if not self.checked:  # the coverage check's reference, first batch only
+            reference = torch.autograd.grad(losses.sum(), list(self.params.values()), retain_graph=True,
+                                            allow_unused=True)
+            for entry in self.planned:
+                for call in entry.calls:
+                    call.grad = None  # the hooks fired for the reference too: start again
         edges = [edge for entry in self.planned for edge in entry.edges]
-        if not edges:
-            return
-        grads = torch.autograd.grad(losses.sum(), edges, allow_unused=True, materialize_grads=False)
-        for (entry, call), g in zip(calls, grads):
-            if g is not None and entry.rule is BROADCAST:
-                g = g.unsqueeze(1)  # [b, 1, *shape[1:]]: per-example gradients of a [1, …] parameter
-            call.grad = g
+        if edges:  # G reaches each call through its tensor hook
+            torch.autograd.grad(losses.sum(), edges, allow_unused=True, materialize_grads=False)
+        layers = []
         for entry in self.planned:
-            entry.calls = [c for c in entry.calls if c.grad is not None]
-
-    def _check_coverage(self, layers: list[tuple[_Planned, LayerGrads]],
-                        reference: dict[str, torch.Tensor | None]) -> None:
-        """Each parameter's batch gradient equals Σ_i g_i from its rule (c = 1); else refuse it."""
-        missing, seen = [], set()
+            calls = [c for c in entry.calls if c.grad is not None]
+            if calls:
+                grads = entry.rule.per_sample(entry.module, calls, entry.names, self.ctx, len(losses))
+                entry.form, entry.kept_bytes = grads.form, grads.kept_bytes
+                layers.append((entry, grads))
+        if reference is not None:
+            self._check_coverage({e.qualified[e.names.index(local)]: g for e, grads in layers
+                                  for local, g in grads.clipped(torch.ones_like(grads.sq)).items()},
+                                 dict(zip(self.params, reference)))
+        norms = self._norms([grads.sq for _, grads in layers], losses)
+        c = factors(norms).detach()  # [b]
+        sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
         for entry, grads in layers:
-            ones = torch.ones_like(grads.sq)
-            for local, g in grads.clipped(ones).items():
+            for local, g in grads.clipped(c).items():
                 qualified = entry.qualified[entry.names.index(local)]
-                seen.add(qualified)
-                if not _close(g, reference.get(qualified)):
-                    missing.append(qualified)
-        missing += [q for q, g in reference.items() if q not in seen and g is not None and bool(g.abs().max() > 0)]
+                sums[qualified] += g.reshape(sums[qualified].shape).to(sums[qualified].dtype)
+        return sums, norms
+
+    def _two_passes(self, losses: torch.Tensor, factors: FactorFn) -> tuple[dict, torch.Tensor]:
+        """Norms layer by layer during a first backward (G dropped as it is used), then a second
+        backward of Σ_i c_i ℓ_i for the clipped sum."""
+        params = list(self.params.values())
+        self._streaming = True
+        batch = torch.autograd.grad(losses.sum(), params, retain_graph=True, allow_unused=True)
+        self._streaming = False
+        for entry in self.planned:
+            if entry.calls and entry.sq is None:
+                self._reduce(entry)  # some of its outputs got no gradient
+        if not self.checked:
+            self._check_coverage({e.qualified[e.names.index(local)]: g for e in self.planned
+                                  for local, g in e.batch_grads.items()}, dict(zip(self.params, batch)))
+        norms = self._norms([e.sq for e in self.planned if e.sq is not None], losses)
+        c = factors(norms).detach()  # [b]
+        clipped = torch.autograd.grad((c * losses).sum(), params, allow_unused=True)
+        return {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(self.params.items(), clipped)}, norms
+
+    def _norms(self, squares: list[torch.Tensor], losses: torch.Tensor) -> torch.Tensor:
+        """n_i = √(Σ over layers of the per-sample squared norms) [b]."""
+        sq = torch.zeros(len(losses), device=losses.device, dtype=torch.promote_types(losses.dtype, torch.float32))
+        for part in squares:
+            sq = sq + part.to(sq.dtype)
+        return sq.clamp_min(0).sqrt().to(losses.dtype)
+
+    def _check_coverage(self, recon: dict[str, torch.Tensor], reference: dict[str, torch.Tensor | None]) -> None:
+        """Each parameter's batch gradient equals Σ_i g_i from its rule (c = 1, ``recon``); else refuse it."""
+        missing = [q for q, g in recon.items() if not _close(g, reference.get(q))]
+        missing += [q for q, g in reference.items() if q not in recon and g is not None and bool(g.abs().max() > 0)]
         if missing:
             raise ValueError("these parameters get gradient the hooks do not see (used outside their "
                              "module, e.g. by a functional call): " + ", ".join(missing))
@@ -242,9 +306,24 @@ class BookKeepingEngine:
 
     def explain(self) -> list[dict]:
         """Per recorded module of the last micro-batch: its parameters, the rule, the form used for
-        the per-sample norms and the bytes the rule kept for them (besides autograd's own)."""
+        the per-sample norms, the bytes the rule kept for them (besides autograd's own) and the
+        engine's mode (book-keeping, or two backward passes when G would not fit)."""
         return [{"module": e.name or "<root>", "parameters": ", ".join(e.names), "rule": e.rule.name,
-                 "form": e.form, "kept_bytes": e.kept_bytes} for e in self.planned]
+                 "form": e.form, "kept_bytes": e.kept_bytes, "mode": self.mode} for e in self.planned]
+
+
+def free_memory(device: torch.device) -> float:
+    """Free bytes on ``device``: CUDA's free memory, else the host's MemAvailable (inf if unknown)."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return math.inf
 
 
 def _close(recon: torch.Tensor | None, reference: torch.Tensor | None) -> bool:

@@ -55,6 +55,7 @@ class Call:
     args: tuple
     kwargs: dict
     grad: torch.Tensor | None = None
+    out_bytes: int = 0
 
 
 @dataclass

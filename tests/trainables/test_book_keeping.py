@@ -250,3 +250,44 @@ def test_the_step_is_private_whatever_the_engine():
     change = (grad(x, y) - grad(x[1:], y[1:])).norm()
     assert float(change) == pytest.approx(1 / B, rel=1e-9)
     assert math.isfinite(float(change))
+
+
+class InPlace(nn.Module):
+    """Outputs modified in place after their module returns (ReLU(inplace=True), +=)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(5, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h.relu_()
+        z = self.fc2(h)
+        z += h
+        return self.head(torch.tanh(z))
+
+
+@pytest.mark.parametrize("case", ["inplace", "cnn", "minilm"])
+def test_two_backward_passes_when_g_would_not_fit_give_the_same_result(case, tmp_path):
+    """max_kept_bytes = 0 forces the fallback: norms layer by layer, then a second backward."""
+    torch.manual_seed(0)
+    if case == "inplace":
+        model, x, y = InPlace().double(), torch.randn(6, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2])
+    elif case == "cnn":
+        model = create_model("cnn", num_classes=3, input_shape=(1, 8, 8), width=4).double()
+        x, y = torch.randn(5, 1, 8, 8, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 0])
+    else:
+        model = create_model("all-MiniLM-L6-v2", num_classes=3, input_shape=(SEQ,), peft="lora", weights="random",
+                             **TEXT_SMALL["all-MiniLM-L6-v2"]).double()
+        x, y = padded_text(4, seed=5), torch.tensor([0, 1, 2, 1])
+    clip = median_clip(model, x, y)
+    ref_sums, ref_norms = loop(model, x, y, clip)
+    for budget, mode in ((None, "book-keeping"), (0, "two backward passes")):
+        engine = BookKeepingEngine(model, LOSS, max_kept_bytes=budget)
+        for _ in range(2):  # the first batch checks coverage, the second does not
+            sums, norms = engine.clipped_sum(x, y, lambda n: flat_clip(n, clip))
+            assert engine.mode == mode
+            torch.testing.assert_close(norms, ref_norms, rtol=RTOL, atol=0)
+            for name, ref in ref_sums.items():
+                torch.testing.assert_close(sums[name], ref, rtol=RTOL, atol=RTOL * float(ref.abs().max()) + 1e-15)
+    assert {row["mode"] for row in engine.explain()} == {"two backward passes"}
