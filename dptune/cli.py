@@ -66,6 +66,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         p.add_argument(*flags, **kwargs)
     p.add_argument("--json", metavar="FILE", help="also write the per-epoch metrics to FILE as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--explain-engine", action="store_true",
+                   help="after the first epoch, print per layer how the DP engine computes per-sample norms "
+                        "and clipped sums: the rule, the exact form chosen from the shapes, the memory it keeps")
     p.set_defaults(handler=run_train)
 
 
@@ -96,12 +99,29 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
             if cfg.private:
                 line += f"  clipped {m['clipped_fraction']:.2f}"
             tqdm.write(line, file=out)
+            if args.explain_engine and len(history) == 1:
+                tqdm.write(_engine_table(trainer), file=out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": cfg.to_dict(), "noise_multiplier": plan.noise_multiplier, "steps": plan.steps,
                        "sample_rate": plan.sample_rate, "history": history}, f, indent=1,
                       default=lambda v: None if isinstance(v, float) and not math.isfinite(v) else str(v))
     return EXIT_OK
+
+
+def _engine_table(trainer: object) -> str:
+    """The DP engine's per-layer choices (``--explain-engine``), one line per layer."""
+    engine = getattr(trainer, "engine", None)
+    explain = getattr(getattr(engine, "norms", None), "explain", None)
+    if explain is None:
+        return "engine: none (non-private run)" if engine is None else f"engine: {type(engine.norms).__name__}"
+    rows = explain()
+    lines = [f"engine: {rows[0]['mode'] if rows else 'book-keeping'}; per layer (last micro-batch):"]
+    width = max(len(r["module"]) for r in rows) if rows else 0
+    for r in rows:
+        lines.append(f"  {r['module']:<{width}}  {r['parameters']:<14} {r['rule']:<14} {r['form']:<46} "
+                     f"{r['kept_bytes'] / 2**20:8.2f} MiB")
+    return "\n".join(lines)
 
 
 def _add_query(sub: argparse._SubParsersAction) -> None:

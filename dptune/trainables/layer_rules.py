@@ -198,11 +198,16 @@ class LinearLike(Rule):
 
 
 class Conv2d(Rule):
-    """``nn.Conv2d`` (any groups, zero padding): the per-sample weight gradients come from one
-    convolution backward with the batch folded into the groups — the same work as the batch weight
-    gradient, no unfold — then norms and Σ_i c_i g_i from them. Randomised weight estimators, and
-    layers where ``prefer_ghost`` says so (few positions, wide channels), go to the linear-like
-    rule's unfolded form (groups = 1; a grouped convolution's weight norms stay exact)."""
+    """``nn.Conv2d`` with zero padding, in one of two exact forms chosen by ``prefer_ghost``:
+
+    - materialised: the per-sample weight gradients from one convolution backward with the batch
+      folded into the groups (the work of the batch weight gradient, no unfold), then norms and
+      Σ_i c_i g_i from them — for many positions and few channels;
+    - ghost (groups = 1): norms ⟨A_iᵀA_i, G_iᵀG_i⟩ from the unfolded input A_i [d, L] and G_i [p, L],
+      and Σ_i c_i g_i as the native batch weight gradient of (c_i G_i) — for few positions and
+      wide channels.
+
+    Randomised weight estimators go to the linear-like rule's unfolded form."""
 
     name = "conv2d"
 
@@ -213,37 +218,57 @@ class Conv2d(Rule):
         return (_own_forward(module, nn.Conv2d) and module.padding_mode == "zeros"
                 and not isinstance(module.padding, str))
 
-    def _per_sample_weight(self, module: nn.Module, call: Call) -> torch.Tensor:
-        """[b, *weight.shape] per-sample weight gradients of one call."""
-        x, g = call.args[0], call.grad  # [b, C, H, W], [b, p, H', W']
-        b, w = x.shape[0], module.weight
-        shape_only = w.new_empty((b * w.shape[0], *w.shape[1:]))  # only its shape is read: no input gradient
-        folded = torch.ops.aten.convolution_backward(
-            g.reshape(1, -1, *g.shape[2:]), x.reshape(1, -1, *x.shape[2:]), shape_only, None, module.stride,
-            module.padding, module.dilation, False, (0, 0), b * module.groups, (False, True, False))[1]
-        # folded: [b·p, C/groups, kh, kw]
-        return folded.reshape(b, *module.weight.shape)
+    def _weight_grad(self, module: nn.Module, x: torch.Tensor, g: torch.Tensor, groups: int,
+                     weight_shape: tuple[int, ...]) -> torch.Tensor:
+        """The convolution's weight gradient for input x and output gradient g (no input gradient)."""
+        shape_only = module.weight.new_empty(weight_shape)  # only its shape is read
+        return torch.ops.aten.convolution_backward(
+            g, x, shape_only, None, module.stride, module.padding, module.dilation, False, (0, 0), groups,
+            (False, True, False))[1]
 
-    def _ghost(self, module: nn.Module, calls: Sequence[Call], batch_size: int) -> bool:
-        """Whether the unfolded ghost form is cheaper for this layer (``prefer_ghost``)."""
-        w = module.weight
-        positions = sum(c.grad[0, 0].numel() for c in calls)  # T: output positions over all calls
-        return prefer_ghost(batch_size, positions, w[0].numel(), w.shape[0], w.element_size())
+    def _per_sample_weight(self, module: nn.Module, call: Call) -> torch.Tensor:
+        """[b, *weight.shape] per-sample weight gradients of one call: the batch folded into groups."""
+        x, g, w = call.args[0], call.grad, module.weight  # [b, C, H, W], [b, p, H', W']
+        b = x.shape[0]
+        folded = self._weight_grad(module, x.reshape(1, -1, *x.shape[2:]), g.reshape(1, -1, *g.shape[2:]),
+                                   b * module.groups, (b * w.shape[0], *w.shape[1:]))  # [b·p, C/groups, kh, kw]
+        return folded.reshape(b, *w.shape)
+
+    def _ghost_sq_norms(self, module: nn.Module, calls: Sequence[Call]) -> torch.Tensor:
+        """‖Σ_calls A_iᵀG_i‖² as ⟨AᵀA, GᵀG⟩ over the positions of all calls [b]."""
+        A = torch.cat([F.unfold(c.args[0], module.kernel_size, module.dilation, module.padding, module.stride)
+                       for c in calls], dim=2)  # [b, d, L]
+        G = torch.cat([c.grad.flatten(2) for c in calls], dim=2)  # [b, p, L]
+        dtype = _compute_dtype(G)
+        A, G = A.to(dtype), G.to(dtype)
+        return (torch.bmm(A.transpose(1, 2), A) * torch.bmm(G.transpose(1, 2), G)).sum(dim=(1, 2))
 
     def per_sample(self, module, calls, names, ctx, batch_size):
-        if self.fallback.handles(module) and "weight" in names and (
-                ctx.estimator != "ghost" or self._ghost(module, calls, batch_size)):
+        w = module.weight
+        if ctx.estimator != "ghost" and "weight" in names and self.fallback.handles(module):
             return self.fallback.per_sample(module, calls, names, ctx, batch_size)
-        grads: dict[str, torch.Tensor] = {}
-        for call in calls:
-            parts = {}
+        positions = sum(c.grad[0, 0].numel() for c in calls)  # L over all calls
+        ghost = "weight" in names and module.groups == 1 and prefer_ghost(
+            batch_size, positions, w[0].numel(), w.shape[0], w.element_size())
+        bias = sum(c.grad.sum(dim=(2, 3)) for c in calls) if "bias" in names else None  # [b, p]
+        if not ghost:
+            per_sample = {"bias": bias} if bias is not None else {}
             if "weight" in names:
-                parts["weight"] = self._per_sample_weight(module, call)
-            if "bias" in names:
-                parts["bias"] = call.grad.sum(dim=(2, 3))  # [b, p]
-            for n, g in parts.items():
-                grads[n] = grads[n] + g if n in grads else g
-        return _materialised_rule(grads, "materialised (grouped conv)", 0)
+                per_sample["weight"] = sum(self._per_sample_weight(module, c) for c in calls)
+            return _materialised_rule(per_sample, "materialised (grouped conv)", 0)
+        sq = self._ghost_sq_norms(module, calls)
+        if bias is not None:
+            sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
+
+        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+            out = {"weight": sum(self._weight_grad(module, call.args[0], call.grad * c.to(call.grad.dtype)[:, None, None, None],
+                                                   module.groups, tuple(w.shape)) for call in calls)}
+            if bias is not None:
+                out["bias"] = c.to(bias.dtype) @ bias
+            return out
+
+        return LayerGrads(sq, clipped, "ghost (unfolded grams, native weight gradient)",
+                          _nbytes(bias) + sum(_nbytes(c.grad) for c in calls))
 
 
 class Embedding(Rule):

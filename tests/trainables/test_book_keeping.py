@@ -291,3 +291,43 @@ def test_two_backward_passes_when_g_would_not_fit_give_the_same_result(case, tmp
             for name, ref in ref_sums.items():
                 torch.testing.assert_close(sums[name], ref, rtol=RTOL, atol=RTOL * float(ref.abs().max()) + 1e-15)
     assert {row["mode"] for row in engine.explain()} == {"two backward passes"}
+
+
+class Convolutions(nn.Module):
+    """A wide convolution over few positions called twice (ghost form), a grouped one (materialised)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Conv2d(8, 8, 3, padding=1)
+        self.grouped = nn.Conv2d(8, 4, 3, padding=1, groups=2, bias=False)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):  # [b, 8, 2, 2]
+        h = self.wide(torch.tanh(self.wide(x)))
+        return self.head(self.grouped(torch.tanh(h)).mean(dim=(2, 3)))
+
+
+def test_ghost_and_grouped_convolutions_match_the_loop():
+    torch.manual_seed(0)
+    model = Convolutions().double()
+    x, y = torch.randn(5, 8, 2, 2, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 0])
+    engine = assert_matches_loop(model, x, y, median_clip(model, x, y))
+    forms = {row["module"]: row["form"] for row in engine.norms.explain()}
+    assert forms["wide"].startswith("ghost") and forms["grouped"].startswith("materialised")
+
+
+def test_train_explain_engine_prints_every_layer_with_its_form():
+    import io
+
+    from dptune.cli import main
+
+    out = io.StringIO()
+    code = main(["train", "--dataset", "digits", "--model", "cnn", "--epochs", "1", "--batch-size", "256",
+                 "--quiet", "--explain-engine"], out=out)
+    assert code == 0
+    lines = out.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("engine: book-keeping"))
+    table = lines[start + 1:start + 5]
+    assert [line.split()[0] for line in table] == ["0.0", "0.3", "1", "3"]  # the cnn's four layers
+    assert all(line.rstrip().endswith("MiB") for line in table)
+    assert "materialised (grouped conv)" in table[0] and "ghost (T = 1)" in table[2]
