@@ -19,6 +19,7 @@ from . import spec_sections  # noqa: F401  (registers the platform's spec sectio
 from .catalog import trainables_catalog
 from .launcher import RunSettings, resourced, run_config, start_ray
 from .layout import SETTINGS_FILE, ExperimentPaths, absolute
+from .searcher import SweepSearcher
 from .store import ResultsStore
 
 DEFAULT_SPEC = Path(__file__).with_name("specs") / "default.yaml"
@@ -50,7 +51,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     start_ray(address)
     tuner = tune.Tuner(
         resourced(settings),
-        tune_config=tune.TuneConfig(search_alg=plan.searcher(metric="accuracy", mode="max"), num_samples=-1,
+        tune_config=tune.TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max"), num_samples=-1,
                                     reuse_actors=True, max_concurrent_trials=settings.max_concurrent),
         run_config=run_config(settings),
     )
