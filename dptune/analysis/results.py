@@ -1,6 +1,6 @@
 """The sweep as tables: cells, best accuracy over η per (C, B), optima, cost of a fixed setting.
 
-A **cell** is one point of the difficulty axes (dataset × backbone × ε × epochs, DESIGN.md) plus
+A **cell** is one point of the difficulty axes (dataset × backbone × ε × epochs) plus
 any training option that takes more than one value in the store (optimizer, δ, clipping function,
 norm estimator, …), so trials that differ only in C, B, η and seed share a cell. Accuracies of
 seeds of the same (C, B, η) are averaged before the best η is taken. Non-private rows (ε stored as
@@ -22,7 +22,7 @@ CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 #: Training options that split cells when they vary within a store (NULL means the default).
 OPTION_COLUMNS = ("delta", "optimizer", "momentum", "clip_fn", "norm_estimator", "sketch_k", "denoise", "peft")
 HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate")
-#: DESIGN.md: δ = 1e-5 unless set (a NULL delta in the store is the default).
+#: δ = 1e-5 unless set (a NULL delta in the store is the default).
 DEFAULT_DELTA = 1e-5
 DEFAULT_LABEL = "default"
 
