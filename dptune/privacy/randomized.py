@@ -1,4 +1,6 @@
-"""Accounting for randomized clipping (DP-SGD-RC, paper 002; DESIGN "Randomized clipping").
+"""Accounting for randomized clipping (DP-SGD-RC; docs/architecture.md, "Randomized clipping").
+
+From "Efficient DP-SGD for LLMs with randomized clipping" (ICML 2026).
 
 Clipping with an estimated norm n̂ bounds one example's contribution by C·Z, Z = ‖g‖/√n̂. For
 Hutchinson with k probes, n̂/‖g‖² = Σ_j λ_j X_j, X_j ~ χ²(k)/k i.i.d., λ in the simplex (summed
