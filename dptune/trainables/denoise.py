@@ -1,4 +1,6 @@
-"""RMT spectral denoising of a privatised gradient (paper 001; DESIGN "RMT denoising").
+"""RMT spectral denoising of a privatised gradient (docs/architecture.md, "RMT denoising").
+
+From "Re-examining low-rank adaptation for private LLM fine-tuning" (NeurIPS 2026).
 
 Isotropic Gaussian noise of std s per entry inflates every singular value of an m×n gradient
 matrix: a signal singular value λ above the BBP threshold s·(mn)^{1/4} is seen as
