@@ -1,4 +1,4 @@
-"""DPEngine: the privatised gradient of one Poisson-sampled logical batch (DESIGN "The DP step").
+"""DPEngine: the privatised gradient of one Poisson-sampled logical batch (docs/architecture.md, "The DP step").
 
     ĝ = (Σ_i c_i g_i + σ C ξ) / (B C),   c_i = min(1, C/n_i) (flat) or C/(n_i + γ) (AUTO-S)
 
