@@ -1,8 +1,9 @@
 """Per-sample squared norms of linear-layer weight gradients, without per-sample gradients where possible.
 
 For a linear layer with per-sample inputs A_i ∈ ℝ^{T×d} and output gradients G_i ∈ ℝ^{T×p}, the
-per-sample weight gradient is M_i = A_iᵀG_i and ‖M_i‖²_F = tr(G_iᵀA_iA_iᵀG_i) (DESIGN "Randomized
-clipping", paper 002). All functions take A: [B, T, d], G: [B, T, p] and return [B].
+per-sample weight gradient is M_i = A_iᵀG_i and ‖M_i‖²_F = tr(G_iᵀA_iA_iᵀG_i) (from
+"Efficient DP-SGD for LLMs with randomized clipping", ICML 2026; docs/architecture.md, "Randomized
+clipping"). All functions take A: [B, T, d], G: [B, T, p] and return [B].
 
 - ``ghost_sq_norms``: exact, ⟨A_iA_iᵀ, G_iG_iᵀ⟩ (O(BT²) memory) when 2T² ≤ pd, else ‖A_iᵀG_i‖²
   materialised (O(Bdp)).
@@ -70,7 +71,7 @@ def hutchinson_sq_norms(A: torch.Tensor, G: torch.Tensor, k: int,
 
 def hutchpp_sq_norms(A: torch.Tensor, G: torch.Tensor, k: int,
                      generator: torch.Generator | None = None) -> torch.Tensor:
-    """Hutch++ estimate of ‖M_i‖²_F, M_i = A_iᵀG_i (Meyer et al. 2021, as in DESIGN):
+    """Hutch++ estimate of ‖M_i‖²_F, M_i = A_iᵀG_i (Meyer et al. 2021):
     Q = orth(M_iᵀM_iS), n̂_i = ‖M_iQ‖² + (1/k)‖M_i(I − QQᵀ)P‖², S, P ∈ ℝ^{p×k} standard Gaussian.
 
     Unbiased; exact when rank(M_i) ≤ k (and always when p ≤ k).
