@@ -14,7 +14,8 @@ from .accountant import epsilon_spent, worst_direction_epsilon
 from .cache import cached, make_key
 from .validation import check_delta, check_epsilon, check_estimator, check_sample_rate, check_steps
 
-#: Relative width of the final bracket [σ_lo, σ_hi] (DESIGN asks for 0.5%).
+#: Relative width (0.1%) of the final bracket [σ_lo, σ_hi]: the σ_hi returned is at most 0.1% above the
+#: smallest σ whose ε meets the target.
 REL_TOL = 1e-3
 SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
 
