@@ -75,7 +75,8 @@ def test_real_plateau_matches_the_rule_applied_to_direct_sigmas():
 
 
 def test_lower_epsilon_keeps_smaller_batches_on_the_plateau():
-    """Paper 000: stronger privacy flattens σ√T, so smaller B stay on the plateau (digits, E = 5)."""
+    """Stronger privacy flattens σ√T, so smaller B stay on the plateau (digits, E = 5), as in
+    "On optimal hyperparameters for DP deep transfer learning"."""
     candidates = [16, 32, 64, 128, 256, 512, 1024]
     strong = batch_plan(1.0, 1e-5, 1437, 5, candidates)
     weak = batch_plan(4.0, 1e-5, 1437, 5, candidates)
