@@ -12,7 +12,7 @@ import pytest
 from dptune.cli import EXIT_USAGE, build_parser, main
 from dptune.trainables.config import TrainConfig
 
-#: The commands DESIGN.md promises (``dptune --help`` lists all).
+#: The commands the README promises (``dptune --help`` lists all).
 COMMANDS = ("sweep", "resume", "plan", "train", "query", "heatmap", "report")
 
 
