@@ -32,7 +32,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def reference_denoise(y: np.ndarray, s: float, kappa: float = 1.02) -> np.ndarray:
-    """DESIGN "RMT denoising" step by step, one singular value at a time, in numpy float64."""
+    """docs/architecture.md "RMT denoising" step by step, one singular value at a time, in numpy float64."""
     m, n = y.shape
     u, sv, vt = np.linalg.svd(y, full_matrices=False)
     edge = s * (math.sqrt(m) + math.sqrt(n))
