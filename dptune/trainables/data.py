@@ -2,9 +2,9 @@
 
 It returns a :class:`DatasetSplits`: train and test ``torch.utils.data.Dataset``s, the number of
 classes, class names and the input shape. Loaders live in their own modules and import nothing
-from here: the sets shipped in wheels (``embedded_data``: digits, mnist5k) and the paper's public
-sets through HF ``datasets`` plus the embedded BBC News (``hf_data``). This module registers them
-by name.
+from here: the sets shipped in wheels (``embedded_data``: digits, mnist5k) and the public sets
+of "On optimal hyperparameters for DP deep transfer learning" through HF ``datasets`` plus the
+embedded BBC News (``hf_data``). This module registers them by name.
 """
 from __future__ import annotations
 
