@@ -1,9 +1,10 @@
 """Which parameters of a pretrained backbone DP fine-tuning trains (``peft``).
 
-- ``film``: the normalisation layers' scale and bias plus the new head (the paper's image setting,
-  0.5–1.5% of ViT parameters). Fewer trainable parameters means less noise in total, ‖ξ‖ ∝ √d.
+- ``film``: the normalisation layers' scale and bias plus the new head (the image setting of
+  "On optimal hyperparameters for DP deep transfer learning", 0.5–1.5% of ViT parameters). Fewer
+  trainable parameters means less noise in total, ‖ξ‖ ∝ √d.
 - ``lora``: low-rank adapters ΔW = (α/r)·BA on the target linear layers (via ``peft``) plus the head
-  (the paper's text setting).
+  (that paper's text setting).
 - ``head``: the new classification head only (linear probing).
 - ``full``: every parameter.
 
