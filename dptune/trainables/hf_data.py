@@ -1,4 +1,6 @@
-"""The paper's datasets through HF ``datasets``, and the embedded BBC News text set.
+"""Public datasets through HF ``datasets``, and the embedded BBC News text set.
+
+The public sets are those of "On optimal hyperparameters for DP deep transfer learning" (ICLR 2026).
 
 Same :class:`DatasetSplits` as the embedded sets; :mod:`.data` registers the loaders
 (:func:`loader`, :func:`bbc_news`) by name. Each public set is read from, in order: ``data_dir``
