@@ -1,12 +1,12 @@
 """Pretrained image backbones from timm, fine-tuned under DP with FiLM (default), LoRA, head or full.
 
-The paper's backbones (ViT-Base and ViT-Tiny, ImageNet-21k AugReg) are registered by name (in
-``models``); any other timm model is ``timm:<name>``. Weights come from the hub (or the HF cache
-when the hub is unreachable), from a local checkpoint (``weights=PATH``: a
-``.safetensors``/``.pth``/``.bin`` file or a directory holding ``model.safetensors``), or are
-random (``weights="random"``, for tests and throughput). timm's own pretrained config says how
-inputs must be prepared (resolution, mean/std, crop, interpolation); :func:`vision_data_options`
-hands that to the image dataset loaders.
+The backbones of "On optimal hyperparameters for DP deep transfer learning" (ViT-Base and ViT-Tiny,
+ImageNet-21k AugReg) are registered by name (in ``models``); any other timm model is
+``timm:<name>``. Weights come from the hub (or the HF cache when the hub is unreachable), from a
+local checkpoint (``weights=PATH``: a ``.safetensors``/``.pth``/``.bin`` file or a directory holding
+``model.safetensors``), or are random (``weights="random"``, for tests and throughput). timm's own
+pretrained config says how inputs must be prepared (resolution, mean/std, crop, interpolation);
+:func:`vision_data_options` hands that to the image dataset loaders.
 """
 from __future__ import annotations
 
