@@ -18,8 +18,10 @@ sum of what its module's rule saw, so a parameter also used outside its module (
 its norm too small) is refused too.
 
 Memory: besides what autograd keeps anyway, the engine holds the output gradients G of the
-recorded modules until the clipped sums are formed (``explain()`` lists them per layer); split a
-logical batch with ``max_physical_batch_size`` when that does not fit.
+recorded modules until the clipped sums are formed (``explain()`` lists what each rule kept).
+When G would not fit (``max_kept_bytes``, by default half the free memory after the forward), it
+falls back to two backward passes that hold one layer's G at a time; smaller physical
+micro-batches (``max_physical_batch_size``) bound both.
 """
 from __future__ import annotations
 
