@@ -1,0 +1,65 @@
+"""Docs a reader of the repo can follow: code cites papers by title and docs/architecture.md (not
+notes outside the repo), and docs/architecture.md names every subpackage of dptune."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import dptune
+
+PACKAGE = Path(dptune.__file__).parent
+REPO = PACKAGE.parent
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+#: References a reader of the repo cannot follow: numbered source papers ("paper 000"), the
+#: seeds they came from, and the design notes outside the repo.
+UNRESOLVABLE = re.compile(r"\b(?i:papers?|seeds?) ?0\d\d\b|\bDESIGN\b")
+
+
+def unresolvable_references(text: str) -> list[str]:
+    """The lines of ``text`` that cite something outside the repo, numbered."""
+    return [f"{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if UNRESOLVABLE.search(line)]
+
+
+def subpackages() -> list[str]:
+    return sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+
+
+@pytest.mark.parametrize("text", ['"""(paper 000, Thm 5.2)"""', "# DESIGN.md: the default",
+                                  '"""DESIGN "RMT denoising" step by step"""', "see Paper 002", "seed 000"])
+def test_the_scan_sees_an_unresolvable_reference(text):
+    assert unresolvable_references(text)
+
+
+@pytest.mark.parametrize("text", ['"""C* of "On optimal hyperparameters for DP deep transfer learning", Thm 5.2."""',
+                                  "design = 3  # a design matrix", "seed = 0", "(paper 2023)"])
+def test_the_scan_leaves_ordinary_text_alone(text):
+    assert not unresolvable_references(text)
+
+
+def test_dptune_sources_cite_papers_by_title_and_the_repo_docs():
+    found = {path.relative_to(REPO).as_posix(): refs for path in sorted(PACKAGE.rglob("*.py"))
+             if (refs := unresolvable_references(path.read_text(encoding="utf-8")))}
+    assert not found, ("cite the paper's title or docs/architecture.md (section name) instead:\n"
+                       + "\n".join(f"{f}:{r}" for f, refs in found.items() for r in refs))
+
+
+def test_architecture_doc_names_every_subpackage():
+    assert ARCHITECTURE.is_file(), "docs/architecture.md is missing"
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    packages = subpackages()
+    assert {"privacy", "trainables", "search_spaces", "platform", "analysis"} <= set(packages)
+    missing = [p for p in packages if not re.search(rf"\b{p}/", text)]
+    assert not missing, f"docs/architecture.md does not describe dptune/{', dptune/'.join(missing)}"
+
+
+def test_architecture_doc_names_only_modules_that_exist():
+    """Every ``package/module.py`` the doc names (not under tests/) is a file of dptune, so a rename
+    must update the doc."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w/])((?:privacy|trainables|search_spaces|platform|analysis)/\w+\.py)\b", text))
+    assert named, "the doc names no modules"
+    missing = sorted(n for n in named if not (PACKAGE / n).is_file())
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
