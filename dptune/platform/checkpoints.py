@@ -1,4 +1,5 @@
-"""Per-sample gradients at a trial's checkpoint, for the non-private C* diagnostic.
+"""Per-sample gradients at a trial's checkpoint, for the non-private C* diagnostic (Theorem 5.2 of
+"On optimal hyperparameters for DP deep transfer learning", ICLR 2026).
 
 A Ray Tune checkpoint of the dptune trainable is a folder ``checkpoint_NNNNNN`` holding
 ``state.pt`` = {"trainer": Trainer.state_dict(), "history": …} (see :mod:`.tune_adapter`); the
