@@ -1,5 +1,7 @@
 """The C* diagnostic of `dptune optimal-clip`: summary lines, a figure and a JSON record.
 
+C* is Theorem 5.2 of "On optimal hyperparameters for DP deep transfer learning" (ICLR 2026).
+
 NOT differentially private: the input is the true per-sample gradients of private training
 examples (at a trial's checkpoint). The gradients themselves come from the caller (the CLI reads
 the checkpoint through the platform), so this module needs only numpy and matplotlib.
