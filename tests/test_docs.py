@@ -1,5 +1,6 @@
-"""Docs a reader of the repo can follow: code cites papers by title and docs/architecture.md (not
-notes outside the repo), and docs/architecture.md names every subpackage of dptune."""
+"""Docs a reader of the repo can follow: code, tests, benchmarks and example specs cite papers by
+title and docs/architecture.md (not notes outside the repo), and docs/architecture.md names every
+subpackage of dptune."""
 from __future__ import annotations
 
 import re
@@ -39,8 +40,17 @@ def test_the_scan_leaves_ordinary_text_alone(text):
     assert not unresolvable_references(text)
 
 
-def test_dptune_sources_cite_papers_by_title_and_the_repo_docs():
-    found = {path.relative_to(REPO).as_posix(): refs for path in sorted(PACKAGE.rglob("*.py"))
+def sources() -> list[Path]:
+    """dptune's modules, the tests (this file aside: it holds examples), benchmarks and example specs."""
+    files = [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py"),
+             *(REPO / "examples").rglob("*.yaml")]
+    return sorted(p for p in files if p.resolve() != Path(__file__).resolve())
+
+
+def test_sources_cite_papers_by_title_and_the_repo_docs():
+    files = sources()
+    assert PACKAGE / "trainables" / "engine.py" in files
+    found = {path.relative_to(REPO).as_posix(): refs for path in files
              if (refs := unresolvable_references(path.read_text(encoding="utf-8")))}
     assert not found, ("cite the paper's title or docs/architecture.md (section name) instead:\n"
                        + "\n".join(f"{f}:{r}" for f, refs in found.items() for r in refs))
