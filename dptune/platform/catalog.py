@@ -3,26 +3,71 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 
+from ..registry import check_options
 from ..search_spaces import Catalog
+from ..search_spaces.search_sections import BACKBONE_FIELDS
 from ..trainables.clip_factors import CLIP_FNS
 from ..trainables.config import TrainConfig
-from ..trainables.data import DATASETS, load_dataset
+from ..trainables.data import DATASETS, train_size
 from ..trainables.engine import DENOISERS, NORM_ENGINES
+from ..trainables.finetuning import PEFT_METHODS
 from ..trainables.models import MODELS
 from ..trainables.optimizers import OPTIMIZERS
 
+#: Model options that configure LoRA adapters: meaningful only with ``peft: lora``.
+LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+
+
+def dataset_size(name: str, **options: object) -> int:
+    """Training-set size N of a registered dataset with its axis options (what the trainer will see),
+    from metadata where the data is a local copy."""
+    return _cached_size(name, tuple(sorted((k, str(v)) for k, v in options.items())), **options)
+
 
 @functools.lru_cache(maxsize=None)
-def dataset_size(name: str) -> int:
-    """Training-set size N of a registered dataset (what the trainer will see)."""
-    return len(load_dataset(name).train)
+def _cached_size(name: str, key: tuple, **options: object) -> int:
+    return train_size(name, **options)
+
+
+def check_backbone(name: str, options: dict) -> None:
+    """Refuse a backbone option its model builder does not take (one line naming the option and
+    what the builder takes), a ``peft`` method that does not exist, and LoRA options without
+    ``peft: lora``. The builder's own ``peft`` default counts when the spec sets none."""
+    builder = MODELS.get(name)
+    peft = options.get("peft")
+    if peft is not None and peft not in PEFT_METHODS:
+        raise ValueError(f"peft must be one of {', '.join(PEFT_METHODS)}; got {peft!r}")
+    check_options("model", name, builder, options, implicit=("num_classes", "input_shape"))
+    lora = [k for k in LORA_OPTIONS if k in options]
+    if lora:
+        param = inspect.signature(builder).parameters.get("peft")
+        effective = peft if peft is not None else (None if param is None else param.default)
+        if effective != "lora":
+            raise ValueError(f"model {name!r}: option(s) {', '.join(lora)} apply only with peft: lora; "
+                             f"peft is {effective}")
+    for key in BACKBONE_FIELDS:
+        if key in options and options[key] is not None and not isinstance(options[key], str):
+            raise ValueError(f"{key} must be a name or a path; got {options[key]!r}")
+
+
+def check_dataset(name: str, options: dict) -> None:
+    """Refuse a dataset option its loader does not take (one line naming the option and what the
+    loader takes among the options a spec may set)."""
+    from ..search_spaces.search_sections import DATASET_OPTIONS
+
+    loader = DATASETS.get(name)
+    params = inspect.signature(loader).parameters
+    implicit = tuple(p for p in params if p not in DATASET_OPTIONS)
+    check_options("dataset", name, loader, {k: v for k, v in options.items()}, implicit=implicit)
 
 
 def trainables_catalog() -> Catalog:
-    """The registered datasets (with their sizes) and backbones, the trainer's config fields and
-    its option values."""
-    return Catalog(datasets=tuple(DATASETS), backbones=tuple(MODELS), dataset_size=dataset_size,
+    """The registered datasets (with their sizes) and backbones (``timm:``/``hf:`` families
+    included), the trainer's config fields, its option values, and the option checks."""
+    return Catalog(datasets=DATASETS, backbones=MODELS, dataset_size=dataset_size,
                    options={"optimizer": OPTIMIZERS, "clip_fn": tuple(CLIP_FNS),
                             "norm_estimator": tuple(NORM_ENGINES), "denoise": (None, *DENOISERS)},
-                   train_fields=tuple(f.name for f in dataclasses.fields(TrainConfig)))
+                   train_fields=tuple(f.name for f in dataclasses.fields(TrainConfig)),
+                   check_backbone=check_backbone, check_dataset=check_dataset)

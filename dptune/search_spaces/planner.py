@@ -24,11 +24,13 @@ import pandas as pd
 
 from .batches import COLUMNS, Row, candidate_rows, fill_noise, prune_rows, rows_frame
 from .noise_table import NoiseRequest, calibrate_many
-from .search_sections import SearchSpace
+from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace
 from .spec import Catalog, Spec
 
-#: Keys of a trial spec's ``meta`` part.
-META_FIELDS = ("cell", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "lr_multiplier")
+#: Keys of a trial spec's ``meta`` part (``backbone_label``/``dataset_label``: the axis values with
+#: their options, as the cell names them).
+META_FIELDS = ("cell", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "lr_multiplier",
+               "backbone_label", "dataset_label")
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,14 @@ class Cell:
 
     epsilon: float
     delta: float
-    backbone: str
-    dataset: str
+    backbone: AxisValue
+    dataset: AxisValue
     epochs: float
 
     @property
     def key(self) -> str:
-        """A stable, readable id, e.g. ``digits/cnn/E=5/delta=1e-05/eps=1``."""
+        """A stable, readable id, e.g. ``digits/cnn/E=5/delta=1e-05/eps=1`` (backbone and dataset
+        options in brackets: ``bbc_news[max_length=32]/hf:all-MiniLM-L6-v2[peft=lora]/…``)."""
         return f"{self.dataset}/{self.backbone}/E={self.epochs:g}/delta={self.delta:g}/eps={self.epsilon:g}"
 
 
@@ -102,13 +105,17 @@ class CellPlan:
         row = self.row(batch_size)
         c = self.cell
         sigma = float(row["noise_multiplier"])
-        train = {"dataset": c.dataset, "model": c.backbone, "epsilon": c.epsilon, "delta": c.delta,
+        train = {"dataset": c.dataset.name, "model": c.backbone.name, "epsilon": c.epsilon, "delta": c.delta,
                  "epochs": c.epochs, "clip_bound": float(clip_bound), "batch_size": int(batch_size),
                  "learning_rate": self.learning_rate(batch_size, lr_multiplier), "seed": int(seed),
-                 "noise_multiplier": sigma, **self.space.trial.config()}
+                 "noise_multiplier": sigma, **self.space.trial.config(), **axis_fields(c.backbone, c.dataset)}
+        if "model_options" in train:
+            model_options = {**self.space.trial.config().get("model_options", {}), **train["model_options"]}
+            train["model_options"] = model_options
         meta = {"cell": c.key, "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
                 "noise_multiplier": sigma, "noise_sqrt_steps": float(row["noise_sqrt_steps"]),
-                "lr_multiplier": float(lr_multiplier)}
+                "lr_multiplier": float(lr_multiplier), "backbone_label": c.backbone.label,
+                "dataset_label": c.dataset.label}
         return {"train": train, "meta": meta}
 
     def sampler_seed(self) -> int:
@@ -173,12 +180,12 @@ class SweepPlan:
 
     @property
     def planning_only_datasets(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(c.cell.dataset for c in self.cells if not c.registered))
+        return tuple(dict.fromkeys(c.cell.dataset.name for c in self.cells if not c.registered))
 
     @property
     def declared_sizes(self) -> dict[str, int]:
         """Datasets whose N came from the spec, not from the data."""
-        return {c.cell.dataset: c.dataset_size for c in self.cells if c.declared}
+        return {c.cell.dataset.name: c.dataset_size for c in self.cells if c.declared}
 
     def check_runnable(self) -> None:
         """Raise ValueError if a sweep of this plan would train on an unregistered dataset, use a
@@ -201,6 +208,21 @@ class SweepPlan:
         return [t for c in self.cells for t in c.trials()]
 
 
+def axis_fields(backbone: AxisValue, dataset: AxisValue) -> dict:
+    """Training-config fields set by the axis values' options: ``peft``/``weights`` and the dataset
+    options as fields, every other backbone option under ``model_options``."""
+    options = backbone.option_dict()
+    fields = {k: options.pop(k) for k in BACKBONE_FIELDS if k in options}
+    if options:
+        fields["model_options"] = options
+    return {**fields, **dataset.option_dict()}
+
+
+def _dataset_size(catalog: Catalog, dataset: AxisValue) -> int:
+    options = dataset.option_dict()
+    return int(catalog.dataset_size(dataset.name, **options) if options else catalog.dataset_size(dataset.name))
+
+
 def _cells(space: SearchSpace) -> list[Cell]:
     """ε varies fastest, so the cells of one (dataset, backbone, epochs) are neighbours in ε."""
     a = space.axes
@@ -219,23 +241,23 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     left without a batch size. ``dptune plan`` passes False: declared sizes are used as given.
     """
     space = SearchSpace.from_spec(spec)
-    unregistered = [d for d in space.axes.dataset if d not in catalog.datasets]
+    unregistered = [d.name for d in space.axes.dataset if d.name not in catalog.datasets]
     if strict and unregistered:
         raise ValueError(f"dataset(s) {', '.join(unregistered)} are not registered; sizes declared under "
                          "dataset_sizes are for planning only")
     sizes = {}
     for d in space.axes.dataset:
-        declared = space.dataset_sizes.get(d)
+        declared = space.dataset_sizes.get(d.name)
         if declared is not None and not strict:
             sizes[d] = declared
             continue
         try:
-            sizes[d] = int(catalog.dataset_size(d))
+            sizes[d] = _dataset_size(catalog, d)
         except FileNotFoundError as exc:
             hint = "" if strict else "; to plan without the data, declare its size under dataset_sizes"
             raise FileNotFoundError(f"{exc}{hint}") from None
         if declared is not None and declared != sizes[d]:
-            raise ValueError(f"dataset_sizes.{d}: declared {declared:,} training examples but the data has "
+            raise ValueError(f"dataset_sizes.{d.name}: declared {declared:,} training examples but the data has "
                              f"{sizes[d]:,}; σ must be calibrated for the trainer's q = B/N")
     trial = space.trial
     cells = _cells(space)
@@ -257,8 +279,8 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
         for row in rows:
             kept += row["kept"]
             row["searched"] = row["kept"] and kept <= limit
-        plans.append(CellPlan(c, sizes[c.dataset], c.dataset in catalog.datasets,
-                              not strict and c.dataset in space.dataset_sizes, tuple(rows), space))
+        plans.append(CellPlan(c, sizes[c.dataset], c.dataset.name in catalog.datasets,
+                              not strict and c.dataset.name in space.dataset_sizes, tuple(rows), space))
     plan = SweepPlan(space, tuple(plans), spec.source)
     if strict:
         plan.check_runnable()

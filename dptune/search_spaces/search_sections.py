@@ -40,12 +40,50 @@ TRIAL_OPTIONS = ("optimizer", "momentum", "weight_decay", "clip_fn", "norm_estim
                  "peft", "max_physical_batch_size", "device", "model_options")
 
 
+#: Dataset options an axis value may set (the trainer's config fields that reach the loader).
+DATASET_OPTIONS = ("data_dir", "max_length")
+#: Backbone options that are trainer config fields; every other backbone option is a model option
+#: (``model_options``: LoRA rank, ``img_size``, attention, architecture overrides).
+BACKBONE_FIELDS = ("peft", "weights")
+
+
+@dataclass(frozen=True)
+class AxisValue:
+    """A backbone or dataset on an axis: its registered name and the options it is built with.
+
+    In a spec it is a name (``cnn``) or a mapping with ``name`` and options
+    (``{name: bbc_news, max_length: 32}``). ``label`` (also ``str()``) names the cell, e.g.
+    ``bbc_news[max_length=32]``; options are kept sorted, so the label is stable.
+    """
+
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        if not self.options:
+            return self.name
+        return f"{self.name}[{','.join(f'{k}={_show(v)}' for k, v in self.options)}]"
+
+    def option_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.options}
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "+".join(map(str, value))
+    return "null" if value is None else str(value)
+
+
 @dataclass(frozen=True)
 class Axes:
     epsilon: tuple[float, ...]
     delta: tuple[float, ...]
-    backbone: tuple[str, ...]
-    dataset: tuple[str, ...]
+    backbone: tuple[AxisValue, ...]
+    dataset: tuple[AxisValue, ...]
     epochs: tuple[float, ...]
 
 
@@ -119,22 +157,57 @@ def _name(value: Any, path: str) -> str:
     return value
 
 
+def _axis_value(value: Any, path: str) -> AxisValue:
+    """A name, or a mapping ``{name: …, option: value, …}`` (option values: scalars or lists of them)."""
+    if not isinstance(value, Mapping):
+        return AxisValue(_name(value, path))
+    if "name" not in value:
+        raise SpecError(f"{path}.name: required (a mapping on an axis is a name with options)")
+    options = []
+    for key, v in value.items():
+        if key == "name":
+            continue
+        if isinstance(v, (list, tuple)):
+            v = tuple(v)
+        if isinstance(v, Mapping) or (isinstance(v, tuple) and any(isinstance(x, (Mapping, list, tuple)) for x in v)):
+            raise SpecError(f"{path}.{key}: must be a value or a list of values; got {v!r}")
+        options.append((str(key), v))
+    return AxisValue(_name(value["name"], f"{path}.name"), tuple(sorted(options)))
+
+
+def _choices(names: Any) -> str:
+    """The names a collection (or a Registry, families included) allows, for an error message."""
+    return ", ".join(names.choices() if hasattr(names, "choices") else sorted(names))
+
+
+def _check_options(check: Any, kind: str, value: AxisValue, path: str) -> None:
+    """Run the catalog's option check of a backbone or dataset; its ValueError names the option."""
+    if check is None:
+        return
+    try:
+        check(value.name, value.option_dict())
+    except ValueError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+
+
 @register_section("axes", required=True, summary="the difficulty axes epsilon, delta, backbone, dataset, epochs")
 def parse_axes(value: Any, catalog: Catalog) -> Axes:
     raw = mapping(value, "axes", ("epsilon", "delta", "backbone", "dataset", "epochs"))
     for key in ("epsilon", "backbone", "dataset", "epochs"):
         if key not in raw:
             raise SpecError(f"axes.{key}: required (a value or a non-empty list)")
-    backbones = one_or_many(raw["backbone"], "axes.backbone", _name)
-    for b in backbones:
-        if b not in catalog.backbones:
-            raise SpecError(f"axes.backbone: unknown backbone {b!r}; "
-                            f"registered: {', '.join(sorted(catalog.backbones))}")
+    backbones = one_or_many(raw["backbone"], "axes.backbone", _axis_value)
+    many = isinstance(raw["backbone"], (list, tuple))
+    for i, b in enumerate(backbones):
+        path = f"axes.backbone[{i}]" if many else "axes.backbone"
+        if b.name not in catalog.backbones:
+            raise SpecError(f"axes.backbone: unknown backbone {b.name!r}; registered: {_choices(catalog.backbones)}")
+        _check_options(catalog.check_backbone, "backbone", b, path)
     return Axes(
         epsilon=one_or_many(raw["epsilon"], "axes.epsilon", _positive),
         delta=one_or_many(raw.get("delta", 1e-5), "axes.delta", lambda v, p: number(v, p, gt=0, lt=1)),
         backbone=backbones,
-        dataset=one_or_many(raw["dataset"], "axes.dataset", _name),
+        dataset=one_or_many(raw["dataset"], "axes.dataset", _axis_value),
         epochs=one_or_many(raw["epochs"], "axes.epochs", _positive),
     )
 
@@ -259,14 +332,25 @@ def parse_dataset_sizes(value: Any, catalog: Catalog) -> dict[str, int]:
 def check_datasets(spec: Spec, catalog: Catalog) -> None:
     """Every dataset on the axes is registered or has a declared size; every declared one is used."""
     declared = spec["dataset_sizes"]
-    for name in spec["axes"].dataset:
+    datasets = spec["axes"].dataset
+    for i, value in enumerate(datasets):
+        name = value.name
         if name not in catalog.datasets and name not in declared:
             raise SpecError(f"axes.dataset: unknown dataset {name!r}; "
-                            f"registered: {', '.join(sorted(catalog.datasets))} "
+                            f"registered: {_choices(catalog.datasets)} "
                             "(to plan for another dataset, declare its size under dataset_sizes)")
+        path = f"axes.dataset[{i}]" if len(datasets) > 1 else "axes.dataset"
+        unknown = [k for k, _ in value.options if k not in DATASET_OPTIONS]
+        if unknown:
+            raise SpecError(f"{path}.{unknown[0]}: unknown dataset option; allowed: {', '.join(DATASET_OPTIONS)}")
+        if "max_length" in value.option_dict():
+            integer(value.option_dict()["max_length"], f"{path}.max_length", ge=2)
+        if name in catalog.datasets:
+            _check_options(catalog.check_dataset, "dataset", value, path)
+    names = [d.name for d in datasets]
     for name in declared:
-        if name not in spec["axes"].dataset:
-            raise SpecError(f"dataset_sizes.{name}: not on axes.dataset ({', '.join(spec['axes'].dataset)})")
+        if name not in names:
+            raise SpecError(f"dataset_sizes.{name}: not on axes.dataset ({', '.join(names)})")
 
 
 @register_check

@@ -32,17 +32,22 @@ class SpecError(ValueError):
 class Catalog:
     """What the running code supports, handed to the spec parsers by the caller (CLI, platform).
 
-    ``dataset_size(name)`` returns the training-set size N of a registered dataset (q = B/N and
-    T = ⌈E·N/B⌉ depend on it, so it must be the size the trainer will see). ``options`` maps a
-    trial option (``optimizer``, ``clip_fn``, ``norm_estimator``, ``denoise``, ``peft``…) to its
-    allowed values; ``train_fields`` are the trainer's config fields (None: not checked).
+    ``dataset_size(name, **options)`` returns the training-set size N of a registered dataset
+    (q = B/N and T = ⌈E·N/B⌉ depend on it, so it must be the size the trainer will see; the
+    dataset's axis options, e.g. ``data_dir``, are passed when set). ``options`` maps a trial
+    option (``optimizer``, ``clip_fn``, ``norm_estimator``, ``denoise``, ``peft``…) to its allowed
+    values; ``train_fields`` are the trainer's config fields (None: not checked).
+    ``check_backbone(name, options)`` / ``check_dataset(name, options)`` raise a one-line
+    ValueError naming an option the model or dataset builder does not take (None: not checked).
     """
 
     datasets: Collection[str]
     backbones: Collection[str]
-    dataset_size: Callable[[str], int]
+    dataset_size: Callable[..., int]
     options: Mapping[str, Collection[object]] = field(default_factory=dict)
     train_fields: Collection[str] | None = None
+    check_backbone: Callable[[str, dict], None] | None = None
+    check_dataset: Callable[[str, dict], None] | None = None
 
 
 Parser = Callable[[Any, Catalog], Any]

