@@ -179,10 +179,10 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 
 def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
-    from .platform.catalog import trainables_catalog
+    from .platform.plan_catalog import planning_catalog
     from .search_spaces import format_plan, load_spec, plan_sweep
 
-    catalog = trainables_catalog()
+    catalog = planning_catalog()  # names and sizes from a snapshot when warm: no torch
     spec = load_spec(args.spec, catalog)
     plan = plan_sweep(spec, catalog, workers=args.workers, progress=not args.quiet, strict=False)
     print(format_plan(plan), file=out)

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import math
 
-from scipy import optimize, stats
-
-from .accountant import epsilon_spent, worst_direction_epsilon
 from .cache import cached, make_key
 from .validation import check_delta, check_epsilon, check_estimator, check_sample_rate, check_steps
 
@@ -22,6 +19,8 @@ SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
 
 def gdp_delta(epsilon: float, mu: float) -> float:
     """δ(ε) of μ-GDP (Dong, Roth, Su 2019, Cor. 2.13)."""
+    from scipy import stats
+
     return float(stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2)))
 
 
@@ -31,6 +30,8 @@ def clt_noise_guess(epsilon: float, delta: float, sample_rate: float, steps: int
     Exact for q = 1 (composition of Gaussians); optimistic (too small σ) otherwise, so it is
     only a starting point.
     """
+    from scipy import optimize
+
     mu = optimize.brentq(lambda m: gdp_delta(epsilon, m) - delta, 1e-6, 500.0)
     ratio = mu**2 / (sample_rate**2 * steps)
     return float(min(max(1.0 / math.sqrt(math.log1p(ratio)), SIGMA_MIN), SIGMA_MAX))
@@ -43,6 +44,7 @@ def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int
     Raises ValueError for invalid arguments or a target that no σ in [0.05, 10⁴] reaches.
     Cached in memory and on disk.
 
+    >>> from dptune.privacy import epsilon_spent
     >>> sigma = calibrate_noise(3.0, 1e-5, 0.02, 489)
     >>> epsilon_spent(sigma, 1e-5, 0.02, 489) <= 3.0
     True
@@ -52,12 +54,21 @@ def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int
     q = check_sample_rate(sample_rate)
     steps = check_steps(steps)
     norm_estimator, sketch_k = check_estimator(norm_estimator, sketch_k)
-    key = make_key("sigma", epsilon=epsilon, delta=delta, q=q, steps=steps, estimator=norm_estimator,
-                   k=sketch_k, rel_tol=REL_TOL)
-    return cached(key, lambda: _search(epsilon, delta, q, steps, norm_estimator, sketch_k))
+    return cached(sigma_key(epsilon, delta, q, steps, norm_estimator, sketch_k),
+                  lambda: _search(epsilon, delta, q, steps, norm_estimator, sketch_k))
+
+
+def sigma_key(epsilon: float, delta: float, sample_rate: float, steps: int, norm_estimator: str = "exact",
+              sketch_k: int | None = None) -> str:
+    """The cache key of ``calibrate_noise``'s result for validated inputs (the planner reads the
+    cache with it before importing the accountant)."""
+    return make_key("sigma", epsilon=float(epsilon), delta=float(delta), q=float(sample_rate), steps=int(steps),
+                    estimator=norm_estimator, k=sketch_k, rel_tol=REL_TOL)
 
 
 def _search(target: float, delta: float, q: float, steps: int, estimator: str, k: int | None) -> float:
+    from .accountant import worst_direction_epsilon
+
     def log_gap(sigma: float) -> float:
         eps = worst_direction_epsilon(sigma, delta, q, steps, estimator, k, stop_above=target)
         return math.log(eps / target) if math.isfinite(eps) else math.inf

@@ -5,15 +5,21 @@ A registry (``MECHANISMS``; its names are the valid ``norm_estimator`` values): 
 worse of the two). Randomised clipping adds its own entries (module ``randomized``). Builders also
 receive the target ``delta`` and the number of ``steps`` (keywords), for mechanisms that charge a
 small per-step tail to δ.
+
+Importing this module is cheap (no scipy): the exact mechanism imports the PRV code when called,
+and ``validation.all_mechanisms`` imports the randomised ones the first time a name is not found, so
+validating ``norm_estimator="exact"`` (``dptune plan`` with a warm cache) loads no accountant.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..registry import Registry
-from .prv import StepPRV, SubsampledGaussianPRV
 
-MechanismBuilder = Callable[..., Sequence[StepPRV]]  # (σ, q, sketch_k, *, delta, steps)
+if TYPE_CHECKING:
+    from .prv import StepPRV
+
+MechanismBuilder = Callable[..., Sequence["StepPRV"]]  # (σ, q, sketch_k, *, delta, steps)
 MECHANISMS: Registry[MechanismBuilder] = Registry("norm_estimator")
 
 
@@ -26,6 +32,8 @@ def register_mechanism(norm_estimator: str) -> Callable[[MechanismBuilder], Mech
 def exact_clipping(noise_multiplier: float, sample_rate: float, sketch_k: int | None, *, delta: float,
                    steps: int) -> Sequence[StepPRV]:
     """DP-SGD with exact per-sample norms: the Poisson-subsampled Gaussian, both directions."""
+    from .prv import SubsampledGaussianPRV
+
     directions = ("remove",) if sample_rate == 1.0 else ("remove", "add")  # q = 1: the two coincide
     return [SubsampledGaussianPRV(sample_rate, noise_multiplier, d) for d in directions]
 

@@ -14,11 +14,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Iterable, NamedTuple
 
-from tqdm.auto import tqdm
-
-from ..privacy import calibrate_noise
-from ..privacy.cache import cached, make_key
-from ..privacy.calibration import REL_TOL
+from ..privacy.cache import cached
+from ..privacy.calibration import calibrate_noise, sigma_key
 
 
 class NoiseRequest(NamedTuple):
@@ -43,12 +40,11 @@ def _raise_missing() -> float:
 def cached_noise(request: NoiseRequest) -> float | None:
     """σ from the accountant's cache without computing it (None when absent).
 
-    Mirrors the key ``calibrate_noise`` stores under (a test guards the correspondence); a
-    mismatch could only cause a recomputation, never a wrong σ.
+    Uses the key ``calibrate_noise`` stores under (``sigma_key``); a mismatch could only cause a
+    recomputation, never a wrong σ.
     """
-    key = make_key("sigma", epsilon=float(request.epsilon), delta=float(request.delta),
-                   q=float(request.sample_rate), steps=int(request.steps), estimator=request.norm_estimator,
-                   k=request.sketch_k, rel_tol=REL_TOL)
+    key = sigma_key(request.epsilon, request.delta, request.sample_rate, request.steps, request.norm_estimator,
+                    request.sketch_k)
     try:
         return cached(key, _raise_missing)
     except _Missing:
@@ -89,6 +85,8 @@ def calibrate_many(requests: Iterable[NoiseRequest], *, workers: int | None = No
         return results
     missing.sort(key=lambda r: r.steps, reverse=True)  # the slowest first balances the pool
     workers = min(workers or default_workers(), len(missing))
+    from tqdm.auto import tqdm
+
     desc = f"calibrating σ ({len(results)} cached, {workers} process{'es' if workers > 1 else ''})"
     with tqdm(total=len(missing), desc=desc, unit="σ", disable=not progress, file=sys.stderr) as bar:
         if workers <= 1:

@@ -1,7 +1,27 @@
-"""DP training without Ray: engine, per-sample norms, models, data, one run (Ray Tune trainable: platform.trainable)."""
-from .denoise import rmt_denoise
-from .engine import DPEngine
-from .norm_estimators import ghost_sq_norms, hutchinson_sq_norms, hutchpp_sq_norms
-from .sampling import PoissonSampler
+"""DP training without Ray: engine, per-sample norms, models, data, one run (Ray Tune trainable: platform.trainable).
+
+The public names below are imported on first use (PEP 562), so importing a light submodule
+(``dptune.trainables.config``, ``.names``) does not pull in torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_PUBLIC = {"DPEngine": ".engine", "PoissonSampler": ".sampling", "ghost_sq_norms": ".norm_estimators",
+           "hutchinson_sq_norms": ".norm_estimators", "hutchpp_sq_norms": ".norm_estimators",
+           "rmt_denoise": ".denoise"}
 
 __all__ = ["DPEngine", "PoissonSampler", "ghost_sq_norms", "hutchinson_sq_norms", "hutchpp_sq_norms", "rmt_denoise"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -1,8 +1,9 @@
 """The flat, typed configuration of one training run (a trial), validated before any work.
 
-Each field carries its help text and, where its values come from a registry, that registry
-(``metadata["choices"]``): ``dptune train`` builds one flag per field from them, so a new option
-is one edit here.
+Each field carries its help text and, where its values come from a registry, that registry's
+names (``metadata["choices"]``, from the torch-free :mod:`.names`, which a test keeps equal to the
+registries): ``dptune train`` builds one flag per field from them, so a new option is one edit
+here, and ``dptune train --help`` imports no torch.
 """
 from __future__ import annotations
 
@@ -11,12 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
-from ..privacy import NORM_ESTIMATORS
-from .clip_factors import CLIP_FNS
-from .denoise import DEFAULT_KAPPA
-from .engine import DENOISERS, NORM_ENGINES
-from .finetuning import PEFT_METHODS
-from .optimizers import OPTIMIZERS
+from .names import (CLIP_FN_NAMES, DEFAULT_KAPPA, DENOISER_NAMES, NORM_ENGINE_NAMES, OPTIMIZER_NAMES,
+                    PEFT_METHOD_NAMES)
 
 
 def option(default: Any, help: str, *, choices: Collection[str] | None = None) -> Any:
@@ -36,17 +33,17 @@ class TrainConfig:
     batch_size: int = option(128, "expected (Poisson) batch size B")
     learning_rate: float = option(2.0, "learning rate η (ĝ is normalised by B·C, so η does not move with C)")
     epochs: float = option(10.0, "epochs E: the run takes T = ⌈E·N/B⌉ steps")
-    optimizer: str = option("sgd", "optimizer of the privatised gradient", choices=OPTIMIZERS)
+    optimizer: str = option("sgd", "optimizer of the privatised gradient", choices=OPTIMIZER_NAMES)
     momentum: float = option(0.0, "SGD momentum")
     weight_decay: float = option(0.0, "weight decay")
     clip_fn: str = option("flat", "per-sample clipping: flat min(1, C/n_i), or auto_s C/(n_i + γ) (AUTO-S)",
-                          choices=CLIP_FNS)
+                          choices=CLIP_FN_NAMES)
     norm_estimator: str = option("exact", "per-sample norms: exact, or randomized clipping (Hutchinson / Hutch++ "
                                           "with --sketch-k probes; σ is calibrated with its accountant)",
-                                 choices=NORM_ENGINES)
+                                 choices=NORM_ENGINE_NAMES)
     sketch_k: int | None = option(None, "probes k of hutchinson / hutchpp (e.g. 32)")
     denoise: str | None = option(None, "denoise the privatised gradient of 2-D parameters (rmt: RMT spectral "
-                                       "shrinkage; post-processing, no privacy cost)", choices=DENOISERS)
+                                       "shrinkage; post-processing, no privacy cost)", choices=DENOISER_NAMES)
     denoise_kappa: float = option(DEFAULT_KAPPA, "RMT gate κ: a layer is denoised only if its top singular value "
                                                  "exceeds κ times the noise bulk edge s(√m+√n)")
     max_physical_batch_size: int | None = option(None, "split logical batches into micro-batches of this size "
@@ -58,7 +55,7 @@ class TrainConfig:
         "help": "architecture overrides for the model, as a JSON object (e.g. '{\"hidden\": 64}')", "choices": None})
     peft: str | None = option(None, "pretrained backbones: what is trained (film: norm scale/bias + head; lora: "
                                     "adapters + head; head; full) [the backbone's default: film for ViT, lora for "
-                                    "text]", choices=PEFT_METHODS)
+                                    "text]", choices=PEFT_METHOD_NAMES)
     weights: str | None = option(None, "pretrained backbones: a local checkpoint file or directory, or 'random' "
                                        "[hub, or the HF cache when the hub is unreachable]")
     data_dir: str | None = option(None, "local copy of an HF dataset: a save_to_disk directory, Parquet files or an "
@@ -89,6 +86,8 @@ class TrainConfig:
                 optional = f.default is None
                 need((optional and value is None) or value in choices, f.name,
                      ("None or " if optional else "") + f"one of {', '.join(choices)}")
+        from ..privacy import NORM_ESTIMATORS  # the accountant (scipy): only when validating
+
         need(self.norm_estimator in NORM_ESTIMATORS, "norm_estimator",
              f"one with an accountant: {', '.join(NORM_ESTIMATORS)}")
         need(math.isfinite(self.denoise_kappa) and self.denoise_kappa >= 1, "denoise_kappa",
