@@ -84,6 +84,7 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
     from ray.tune.search import Searcher
 
     from dptune.platform.searcher import SweepSearcher
+    from dptune.platform.trial_config import unflatten
 
     hits: dict[str, list[float]] = {cell: [] for cell in targets}
     for seed in SAMPLER_SEEDS:
@@ -93,7 +94,7 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
         first = {cell: float("inf") for cell in targets}
         i = 0
         while (config := searcher.suggest(str(i))) != Searcher.FINISHED:
-            k = key(config["trial"])
+            k = key(unflatten(config))
             seen[k[0]] += 1
             if accuracy[k] >= targets[k[0]] and first[k[0]] == float("inf"):
                 first[k[0]] = seen[k[0]]

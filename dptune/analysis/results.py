@@ -120,7 +120,9 @@ class Sweep:
         """Per private cell and (C, B): the best mean accuracy over η and that η.
 
         Seeds of one (C, B, η) are averaged first. A (C, B) whose trials all errored is kept with
-        accuracy NaN and its error count, so a figure can mark it.
+        accuracy NaN and its error count, so a figure can mark it; likewise trials an early-stopping
+        scheduler stopped (status ``stopped``: fewer epochs, so no comparable result) are counted in
+        ``stopped`` and never enter the accuracy.
         """
         private = self.trials[self.trials["private"]]
         keys = ["cell_name", "clip_bound", "batch_size"]
@@ -130,11 +132,13 @@ class Sweep:
                   .sort_values(keys + ["learning_rate"]))
         best = per_lr.loc[per_lr.groupby(keys)["accuracy"].idxmax()] if len(per_lr) else per_lr
         counts = per_lr.groupby(keys).size().rename("learning_rates")
-        errored = (private.assign(errored=private["status"] == "error").groupby(keys)["errored"].sum())
-        table = (errored.to_frame().join(best.set_index(keys)).join(counts).reset_index())
+        errored = (private.assign(errored=private["status"] == "error", stopped=private["status"] == "stopped")
+                   .groupby(keys)[["errored", "stopped"]].sum())
+        table = (errored.join(best.set_index(keys)).join(counts).reset_index())
         table["learning_rates"] = table["learning_rates"].fillna(0).astype(int)
         table["seeds"] = table["seeds"].fillna(0).astype(int)
         table["errored"] = table["errored"].astype(int)
+        table["stopped"] = table["stopped"].astype(int)
         return table.sort_values(keys).reset_index(drop=True)
 
     def optima(self) -> pd.DataFrame:
@@ -195,6 +199,7 @@ class Sweep:
             row = {"cell": cell["cell_name"], "trials": len(t),
                    "finished": int((t["status"] == "finished").sum()),
                    "errored": int((t["status"] == "error").sum()),
+                   "stopped": int((t["status"] == "stopped").sum()),
                    "C": _values(t["clip_bound"]) if cell["private"] else "— (no clipping)",
                    "B": _values(t["batch_size"]), "η": _values(t["learning_rate"]),
                    "best accuracy": acc.max() if len(acc) else np.nan,

@@ -7,6 +7,7 @@ from ..trainables.config import TrainConfig
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
 from .store import ResultsStore
+from .trial_config import unflatten
 from .tune_adapter import checkpoint_state
 
 
@@ -30,7 +31,7 @@ class StoreCallback(tune.Callback):
         return self._store
 
     def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
-        self._write(trial, status="finished")
+        self._write(trial, status="stopped" if stopped_early(trial.last_result) else "finished")
 
     def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
         self._write(trial, status="error", error=_error_message(trial))
@@ -40,11 +41,18 @@ class StoreCallback(tune.Callback):
         state = checkpoint_state(trial.checkpoint)
         history = state["history"] if state else []
         last["history"] = history
-        row = trial_row(trial.trial_id, resolved(trial.config["trial"]), last, status=status, error=error,
+        row = trial_row(trial.trial_id, resolved(unflatten(trial.config)), last, status=status, error=error,
                         experiment=self.paths.name)
         self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
         if self.store.loose_files("trials") >= self.compact_every:
             self.store.compact()
+
+
+def stopped_early(last: dict | None) -> bool:
+    """Whether a trial that ended without error took fewer steps than planned (a scheduler stopped it)."""
+    last = last or {}
+    step, steps = last.get("step"), last.get("steps")
+    return step is not None and steps is not None and int(step) < int(steps)
 
 
 def resolved(spec: dict) -> dict:

@@ -20,6 +20,9 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     row = {"trial_id": trial_id, "experiment": experiment, "status": status, "error": error,
            "cell": meta.get("cell"), "backbone": train.get("model")}
     row.update({k: train.get(k) for k in AXES + HYPERPARAMETERS})
+    # backbone and dataset with their options (the cell's labels), e.g. bbc_news[max_length=32]
+    row["backbone"] = meta.get("backbone_label") or row["backbone"]
+    row["dataset"] = meta.get("dataset_label") or row["dataset"]
     row["private"] = math.isfinite(float(train.get("epsilon", math.inf)))
     for k in ("noise_multiplier", "sample_rate", "steps", "noise_sqrt_steps"):
         row[k] = last.get(k, meta.get(k))

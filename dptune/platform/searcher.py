@@ -1,8 +1,9 @@
 """A Ray Tune searcher over a whole sweep plan: grid, random or Optuna TPE, cell by cell.
 
 Use it as ``TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max"), num_samples=-1)``.
-Each suggested Ray Tune config is ``{config_key: trial_spec}``
-(``{"trial": {"train": …, "meta": …}}`` by default, the platform trainable's layout). It hands
+Each suggested Ray Tune config is the flat config of a trial (:mod:`.trial_config`: C, B, η, ε,
+δ, epochs, backbone, dataset and the trial options as top-level keys), or ``{config_key:
+trial_spec}`` when a ``config_key`` is given. It hands
 out the trials of the first cell, then the next, and returns ``Searcher.FINISHED`` when every
 cell's configurations are out. Every configuration runs once per training seed; the searcher
 sees the mean over seeds.
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from ray.tune.search import Searcher
+
+from .trial_config import flatten
 
 if TYPE_CHECKING:
     from ..search_spaces.planner import SweepPlan
@@ -70,7 +73,7 @@ class SweepSearcher(Searcher):
     """Hands out the trials of a :class:`SweepPlan` to Ray Tune (see the module docstring)."""
 
     def __init__(self, plan: "SweepPlan", *, metric: str = "accuracy", mode: str = "max",
-                 config_key: str = "trial") -> None:
+                 config_key: str | None = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.plan = plan
         self.config_key = config_key
@@ -93,7 +96,7 @@ class SweepSearcher(Searcher):
             return Searcher.FINISHED
         config, pid = self._pending.popleft()
         self._trials[trial_id] = pid
-        return {self.config_key: config}
+        return flatten(config) if self.config_key is None else {self.config_key: config}
 
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
         pid = self._trials.pop(trial_id, None)

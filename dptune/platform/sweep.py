@@ -10,7 +10,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 from ray import tune
 
@@ -19,6 +19,7 @@ from . import spec_sections  # noqa: F401  (registers the platform's spec sectio
 from .catalog import trainables_catalog
 from .launcher import RunSettings, resourced, run_config, start_ray
 from .layout import SETTINGS_FILE, ExperimentPaths, absolute
+from .schedulers import build_scheduler
 from .searcher import SweepSearcher
 from .store import ResultsStore
 
@@ -46,13 +47,17 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
 
 
 def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = None,
-              out: TextIO = sys.stdout) -> SweepOutcome:
-    """Run every trial of ``plan`` on Ray Tune; the store callback writes each one as it ends."""
+              out: TextIO = sys.stdout, trainable: Callable[[dict], None] | None = None) -> SweepOutcome:
+    """Run every trial of ``plan`` on Ray Tune; the store callback writes each one as it ends.
+    Trials get flat configs (:mod:`.trial_config`); the spec's scheduler, if any, stops hopeless
+    trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
     start_ray(address)
+    scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric="accuracy", mode="max")
     tuner = tune.Tuner(
-        resourced(settings),
+        resourced(settings) if trainable is None else resourced(settings, trainable),
         tune_config=tune.TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max"), num_samples=-1,
-                                    reuse_actors=True, max_concurrent_trials=settings.max_concurrent),
+                                    scheduler=scheduler, reuse_actors=True,
+                                    max_concurrent_trials=settings.max_concurrent),
         run_config=run_config(settings),
     )
     _save_settings(settings)
@@ -62,7 +67,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
 
 
 def resume_sweep(root: str, *, restart_errored: bool = False, address: str | None = None,
-                 out: TextIO = sys.stdout) -> SweepOutcome:
+                 out: TextIO = sys.stdout, trainable: Callable[[dict], None] | None = None) -> SweepOutcome:
     """Continue an interrupted sweep: unfinished trials resume from their checkpoints, errored
     ones resume (or restart from scratch), finished ones are kept; the searcher's state is restored."""
     paths = ExperimentPaths(root).absolute()
@@ -71,7 +76,8 @@ def resume_sweep(root: str, *, restart_errored: bool = False, address: str | Non
                          "<storage>/<experiment> that `dptune sweep` printed")
     start_ray(address)
     settings = _load_settings(paths)
-    tuner = tune.Tuner.restore(paths.root, resourced(settings), resume_unfinished=True,
+    tuner = tune.Tuner.restore(paths.root, resourced(settings) if trainable is None else resourced(settings, trainable),
+                               resume_unfinished=True,
                                resume_errored=not restart_errored, restart_errored=restart_errored)
     print(f"dptune: resuming {paths.root}", file=out)
     return _outcome(tuner.fit(), settings)
@@ -95,7 +101,7 @@ def _load_settings(paths: ExperimentPaths) -> RunSettings:
 
 
 def _outcome(results: tune.ResultGrid, settings: RunSettings) -> SweepOutcome:
-    errored = sum(r.error is not None for r in results)
+    errored = sum(r.error is not None for r in results)  # stopped trials count as finished here
     return SweepOutcome(settings.paths, len(results) - errored, errored)
 
 

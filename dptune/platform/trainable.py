@@ -1,8 +1,7 @@
 """The Ray Tune function trainable: one DP training run per trial, checkpointed every epoch.
 
-A trial's Ray Tune config is ``{"trial": {"train": <TrainConfig fields>, "meta": <cell and plan
-fields>}}``. The
-trainable resumes from its latest checkpoint (weights, optimizer, sampler/noise/torch RNG states,
+A trial's Ray Tune config is flat (:mod:`.trial_config`): the training config's fields (``model``
+as ``backbone``) and the plan's figures as top-level keys. The trainable resumes from its latest checkpoint (weights, optimizer, sampler/noise/torch RNG states,
 step, history), so a restored trial ends exactly as an uninterrupted one would. Reports carry
 scalar metrics only; the per-epoch history (curves, per-class gradient-norm statistics) travels in
 the checkpoint, where the driver-side store callback reads it.
@@ -14,6 +13,7 @@ import math
 from ..trainables.config import TrainConfig
 from ..trainables.training import Trainer
 from . import tune_adapter
+from .trial_config import unflatten
 
 
 class TrialDiverged(FloatingPointError):
@@ -22,9 +22,10 @@ class TrialDiverged(FloatingPointError):
 
 def dp_trainable(config: dict) -> None:
     """Train the configured model with DP for the planned steps, reporting after every epoch."""
-    cfg = TrainConfig.from_dict(config["trial"]["train"])
+    spec = unflatten(config)
+    cfg = TrainConfig.from_dict(spec["train"])
     trainer = Trainer(cfg)
-    check_plan(config["trial"].get("meta", {}), trainer)
+    check_plan(spec.get("meta", {}), trainer)
     history: list[dict] = []
     state = tune_adapter.restore_state()
     if state is not None:

@@ -105,6 +105,25 @@ class Pruning:
     max_batch_sizes: int | None = None   # search at most this many kept B per cell (the smallest)
 
 
+SCHEDULERS = ("none", "asha", "median")
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """Early stopping within a cell, epochs as the resource (``search.scheduler``).
+
+    ``asha``: asynchronous successive halving: rungs at epochs grace·rf^k; a trial reaching a rung
+    below the (1 − 1/rf) quantile of the cell's trials recorded there is stopped. ``median``: a
+    trial whose best result so far is below the median of the cell's other trials' running means
+    at the same epoch is stopped (after ``grace_epochs`` and once ``min_samples`` trials are known).
+    """
+
+    name: str = "none"
+    grace_epochs: int = 1
+    reduction_factor: float = 3.0
+    min_samples: int = 3
+
+
 @dataclass(frozen=True)
 class Search:
     algorithm: str = "grid"
@@ -112,6 +131,7 @@ class Search:
     seed: int = 0                        # seeds random sampling and the TPE sampler
     startup_trials: int | None = None    # optuna: random proposals before TPE takes over
     warm_start: bool = False             # optuna: first try a finished neighbour cell's optimum
+    scheduler: Scheduler = field(default_factory=Scheduler)   # early stopping within a cell
 
 
 @dataclass(frozen=True)
@@ -255,9 +275,28 @@ def parse_pruning(value: Any, catalog: Catalog) -> Pruning:
                    None if limit is None else integer(limit, "pruning.max_batch_sizes", ge=1))
 
 
-@register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed")
+def parse_scheduler(value: Any) -> Scheduler:
+    """``none`` (default), a name, or ``{name: asha, grace_epochs: 1, reduction_factor: 3}`` /
+    ``{name: median, grace_epochs: 1, min_samples: 3}``."""
+    if value is None or isinstance(value, str):
+        value = {"name": value or "none"}
+    raw = mapping(value, "search.scheduler", ("name", "grace_epochs", "reduction_factor", "min_samples"))
+    name = choice(raw.get("name", "none"), "search.scheduler.name", SCHEDULERS)
+    own = {"none": (), "asha": ("grace_epochs", "reduction_factor"), "median": ("grace_epochs", "min_samples")}[name]
+    for key in ("grace_epochs", "reduction_factor", "min_samples"):
+        if key in raw and key not in own:
+            raise SpecError(f"search.scheduler.{key}: does not apply to scheduler {name}"
+                            + (f" (it takes: {', '.join(own)})" if own else ""))
+    d = Scheduler()
+    return Scheduler(name, integer(raw.get("grace_epochs", d.grace_epochs), "search.scheduler.grace_epochs", ge=1),
+                     number(raw.get("reduction_factor", d.reduction_factor), "search.scheduler.reduction_factor",
+                            gt=1),
+                     integer(raw.get("min_samples", d.min_samples), "search.scheduler.min_samples", ge=1))
+
+
+@register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler")
 def parse_search(value: Any, catalog: Catalog) -> Search:
-    raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start"))
+    raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler"))
     algorithm = choice(raw.get("algorithm", "grid"), "search.algorithm", ALGORITHMS)
     budget = raw.get("budget")
     if algorithm == "grid":
@@ -277,7 +316,8 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
         raise SpecError(f"search.warm_start: must be true or false; got {warm!r}")
     return Search(algorithm, None if budget is None else integer(budget, "search.budget", ge=1),
                   integer(raw.get("seed", 0), "search.seed", ge=0),
-                  None if startup is None else integer(startup, "search.startup_trials", ge=1), warm)
+                  None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
+                  parse_scheduler(raw.get("scheduler")))
 
 
 @register_section("seeds", default=[0], summary="training seeds")
@@ -351,6 +391,17 @@ def check_datasets(spec: Spec, catalog: Catalog) -> None:
     for name in declared:
         if name not in names:
             raise SpecError(f"dataset_sizes.{name}: not on axes.dataset ({', '.join(names)})")
+
+
+@register_check
+def check_scheduler(spec: Spec, catalog: Catalog) -> None:
+    """An early-stopping scheduler must be able to act in every cell: its first rung (grace_epochs)
+    must come before the last epoch of the shortest cell."""
+    scheduler = spec["search"].scheduler
+    shortest = min(spec["axes"].epochs)
+    if scheduler.name != "none" and scheduler.grace_epochs >= shortest:
+        raise SpecError(f"search.scheduler.grace_epochs: must be < the smallest axes.epochs ({shortest:g}) for "
+                        f"{scheduler.name} to stop anything; got {scheduler.grace_epochs}")
 
 
 @register_check

@@ -5,6 +5,7 @@ import pytest
 from ray.tune.search import Searcher
 
 from dptune.platform.searcher import SweepSearcher
+from dptune.platform.trial_config import unflatten
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 
 
@@ -41,7 +42,7 @@ def run(searcher: Searcher, limit: int = 1000, start: int = 0, value=objective) 
         config = searcher.suggest(f"t{i}")
         if config == Searcher.FINISHED:
             break
-        trial = config["trial"]
+        trial = unflatten(config)
         out.append(trial)
         searcher.on_trial_complete(f"t{i}", {"accuracy": value(trial["train"])})
     return out
@@ -156,10 +157,10 @@ def test_repeats_are_never_trained_twice_and_every_proposal_is_answered(optuna_p
     assert len(plan.cells[0].grid) == 4                            # 1 C × 4 B × 1 η
     searcher = SweepSearcher(plan)
     running = [searcher.suggest(f"r{i}") for i in range(4)]        # four trials in flight at once
-    assert len({key(c["trial"]) for c in running}) == 4            # running configurations are not re-proposed
+    assert len({key(unflatten(c)) for c in running}) == 4            # running configurations are not re-proposed
     assert searcher.suggest("r4") == Searcher.FINISHED
     for i, config in enumerate(running):
-        searcher.on_trial_complete(f"r{i}", {"accuracy": objective(config["trial"]["train"])})
+        searcher.on_trial_complete(f"r{i}", {"accuracy": objective(unflatten(config)["train"])})
     states = {t.state.name for t in searcher._optuna[0]._ot_study.trials}
     assert states <= {"COMPLETE", "FAIL"}                          # nothing left dangling in the study
 

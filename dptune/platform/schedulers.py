@@ -1,0 +1,145 @@
+"""Early stopping within a cell (``search.scheduler``): Ray Tune's ASHA or median stopping, one
+instance per cell, epochs as the resource.
+
+Ray Tune's schedulers compare every trial of an experiment with every other; a sweep's cells
+differ in ε, backbone, dataset and epochs, so their accuracies are not comparable. A
+:class:`PerCellScheduler` gives each cell (the flat config's ``cell`` key) its own
+``AsyncHyperBandScheduler`` (rungs at epoch ends: ``time_attr="epoch"``, ``max_t`` the cell's
+epochs) or ``MedianStoppingRule``, and keeps their state in a file beside the experiment, so
+``dptune resume`` continues with the rungs already recorded (Ray Tune restores its searcher but
+builds a scheduler afresh).
+
+A stopped trial took fewer steps than planned, so it spent less than the cell's ε; the store
+callback records it with status ``stopped`` and the ε of its last epoch.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import pickle
+from typing import Optional
+
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
+
+from ..search_spaces.search_sections import Scheduler
+from .layout import ExperimentPaths
+
+#: File of the per-cell scheduler state, beside Ray's experiment state.
+STATE_FILE = "dptune-scheduler.pkl"
+#: The reported metric that counts epochs (the scheduler's resource).
+TIME_ATTR = "epoch"
+
+
+def cell_scheduler(settings: Scheduler, epochs: float, *, metric: str, mode: str) -> TrialScheduler:
+    """The scheduler of one cell whose trials train ``epochs`` epochs."""
+    if settings.name == "asha":
+        return AsyncHyperBandScheduler(time_attr=TIME_ATTR, metric=metric, mode=mode, max_t=math.ceil(epochs),
+                                       grace_period=settings.grace_epochs,
+                                       reduction_factor=settings.reduction_factor)
+    if settings.name == "median":
+        return MedianStoppingRule(time_attr=TIME_ATTR, metric=metric, mode=mode, grace_period=settings.grace_epochs,
+                                  min_samples_required=settings.min_samples, hard_stop=True)
+    raise ValueError(f"scheduler must be one of asha, median; got {settings.name!r}")
+
+
+class PerCellScheduler(FIFOScheduler):
+    """One inner scheduler per cell (:func:`cell_scheduler` of ``settings``); trials without a ``cell``
+    key run to the end. ``state``: the experiment whose folder keeps the cells' state."""
+
+    def __init__(self, settings: Scheduler, *, metric: str = "accuracy", mode: str = "max",
+                 state: ExperimentPaths | None = None) -> None:
+        super().__init__()
+        self._metric, self._mode = metric, mode
+        self.settings = settings
+        self.make = functools.partial(cell_scheduler, settings, metric=metric, mode=mode)
+        self.state = state
+        self.cells: dict[str, TrialScheduler] = {}
+        self._loaded = False
+
+    # --- Ray Tune's TrialScheduler interface --------------------------------------------------
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], **spec) -> bool:
+        return True   # the metric and mode are fixed at construction
+
+    def on_trial_add(self, tune_controller, trial: Trial) -> None:
+        inner = self._inner(trial)
+        if inner is not None:
+            inner.on_trial_add(tune_controller, trial)
+
+    def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
+        inner = self._inner(trial)
+        if inner is None:
+            return TrialScheduler.CONTINUE
+        decision = inner.on_trial_result(tune_controller, trial, result)
+        self._save()
+        return decision
+
+    def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
+        inner = self._inner(trial)
+        if inner is not None and trial.trial_id in getattr(inner, "_trial_info", {trial.trial_id: None}):
+            inner.on_trial_complete(tune_controller, trial, result)
+            self._save()
+
+    def on_trial_error(self, tune_controller, trial: Trial) -> None:
+        inner = self._inner(trial)
+        if inner is not None:
+            inner.on_trial_error(tune_controller, trial)
+
+    def on_trial_remove(self, tune_controller, trial: Trial) -> None:
+        inner = self._inner(trial)
+        if inner is not None and trial.trial_id in getattr(inner, "_trial_info", {trial.trial_id: None}):
+            inner.on_trial_remove(tune_controller, trial)
+
+    def debug_string(self) -> str:
+        return "\n".join(f"{cell}: {inner.debug_string()}" for cell, inner in self.cells.items()) or "no cells yet"
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _inner(self, trial: Trial) -> TrialScheduler | None:
+        self._load()
+        config = trial.config or {}
+        cell = config.get("cell")
+        if cell is None:
+            return None
+        if cell not in self.cells:
+            self.cells[cell] = self.make(float(config["epochs"]))
+        return self.cells[cell]
+
+    def _state_file(self) -> tuple[object, str] | None:
+        if self.state is None:
+            return None
+        fs, root = self.state.filesystem()
+        return fs, f"{root}/{STATE_FILE}"
+
+    def _save(self) -> None:
+        where = self._state_file()
+        if where is None:
+            return
+        fs, path = where
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path) as f:
+            f.write(pickle.dumps(self.cells))
+
+    def _load(self) -> None:
+        """Once, on first use: the cells' state saved by an earlier driver of the same experiment."""
+        if self._loaded:
+            return
+        self._loaded = True
+        where = self._state_file()
+        if where is None:
+            return
+        fs, path = where
+        try:
+            with fs.open_input_stream(path) as f:
+                self.cells = pickle.loads(f.read())
+        except FileNotFoundError:
+            pass
+
+
+def build_scheduler(settings: Scheduler, paths: ExperimentPaths | None, *, metric: str = "accuracy",
+                    mode: str = "max") -> TrialScheduler | None:
+    """The sweep's scheduler (None for ``none``: every trial runs to its last epoch)."""
+    if settings.name == "none":
+        return None
+    return PerCellScheduler(settings, metric=metric, mode=mode, state=paths)

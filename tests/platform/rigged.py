@@ -1,0 +1,44 @@
+"""A rigged trainable for scheduler tests: accuracy known per epoch, ε spent from the accountant.
+
+It reports exactly what the DP trainable reports to Ray Tune and the store (epoch, step, planned
+steps, accuracy, ε spent after the steps taken so far) and checkpoints its history the same way,
+without training: accuracy(C, epoch) = ``ACCURACY[C] + SLOPE·(epoch − 1)``, lowered by
+``CELL_OFFSET[ε]`` so cells are not comparable with each other.
+"""
+from __future__ import annotations
+
+import math
+
+from dptune.platform import tune_adapter
+from dptune.platform.trial_config import unflatten
+from dptune.privacy import epsilon_spent
+
+#: First-epoch accuracy by clipping bound (grid order: C ascending).
+ACCURACY = {0.1: 0.50, 0.2: 0.30, 0.4: 0.70, 0.8: 0.40, 1.6: 0.80, 3.2: 0.60, 6.4: 0.20, 12.8: 0.75}
+SLOPE = 0.01
+CELL_OFFSET = {1.0: 0.0, 4.0: -0.45}
+
+
+def accuracy(clip_bound: float, epsilon: float, epoch: int) -> float:
+    return ACCURACY[round(clip_bound, 6)] + CELL_OFFSET[epsilon] + SLOPE * (epoch - 1)
+
+
+def epoch_step(epoch: int, steps: int, epochs: float) -> int:
+    """Step count at the end of ``epoch``, as the Trainer counts it."""
+    return min(steps, round(epoch * steps / epochs))
+
+
+def rigged_trainable(config: dict) -> None:
+    spec = unflatten(config)
+    train, meta = spec["train"], spec["meta"]
+    steps, q, sigma = int(meta["steps"]), float(meta["sample_rate"]), float(meta["noise_multiplier"])
+    state = tune_adapter.restore_state()
+    history = state["history"] if state else []
+    for epoch in range(len(history) + 1, math.ceil(train["epochs"]) + 1):
+        step = epoch_step(epoch, steps, train["epochs"])
+        acc = accuracy(train["clip_bound"], train["epsilon"], epoch)
+        metrics = {"accuracy": acc, "loss": 1 - acc, "epoch": epoch, "step": step, "steps": steps,
+                   "epsilon_spent": epsilon_spent(sigma, train["delta"], q, step), "noise_multiplier": sigma,
+                   "sample_rate": q, "noise_sqrt_steps": sigma * math.sqrt(steps), "train_time_s": 0.0}
+        history.append(metrics)
+        tune_adapter.report(metrics, state={"history": history})

@@ -1,0 +1,135 @@
+"""Early stopping within a cell on real Ray Tune (issue 12, item 3), and the flat trial config.
+
+A rigged trainable (tests/platform/rigged.py) reports a known accuracy per epoch, so the trials
+ASHA must stop are known in advance: with one trial at a time in grid order, a trial reaching the
+first rung (epoch 1) is stopped when its accuracy is below the (1 − 1/rf) quantile of the cell's
+trials recorded there before it (asynchronous successive halving, Li et al. 2020).
+"""
+import math
+import sys
+
+import numpy as np
+import pytest
+import ray
+from ray import cloudpickle
+
+from dptune.platform.launcher import RunSettings
+from dptune.platform.store import ResultsStore
+from dptune.platform.sweep import resume_sweep, run_sweep
+from dptune.platform.trial_config import flatten, unflatten
+from dptune.privacy import epsilon_spent
+from dptune.privacy.schedule import num_steps, sample_rate
+from dptune.search_spaces import SpecError, load_spec, plan_sweep
+from dptune.search_spaces.search_sections import Scheduler
+
+import rigged  # tests/platform/rigged.py (pytest puts this folder on sys.path)
+from dptune.search_spaces import Catalog
+
+N = 200
+EPOCHS = 3
+RF = 3
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    return Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: N)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    cloudpickle.register_pickle_by_value(rigged)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    yield
+    ray.shutdown()
+    cloudpickle.unregister_pickle_by_value(rigged)
+
+
+def spec_of(scheduler) -> dict:
+    return {"axes": {"epsilon": [1, 4], "backbone": "mlp", "dataset": "toy", "epochs": EPOCHS},
+            "clip_bound": sorted(rigged.ACCURACY), "batch_size": [20],
+            "learning_rate": {"reference": 1.0, "reference_batch_size": 20},
+            "pruning": {"min_steps": 5}, "search": {"scheduler": scheduler}}
+
+
+def expected_stopped(rf: float = RF) -> set[tuple[float, float]]:
+    """(ε, C) of the trials ASHA stops at its first rung, by the rule itself, cell by cell."""
+    stopped = set()
+    for eps in (1.0, 4.0):
+        recorded = []
+        for c in sorted(rigged.ACCURACY):
+            acc = rigged.accuracy(c, eps, 1)
+            if recorded and acc < np.nanpercentile(recorded, (1 - 1 / rf) * 100):
+                stopped.add((eps, c))
+            recorded.append(acc)
+    return stopped
+
+
+def test_the_rule_stops_a_known_set():
+    # guards the test's own expectation: cells share the pattern, so pooling cells would differ
+    assert expected_stopped() == {(e, c) for e in (1.0, 4.0) for c in (0.2, 0.8, 6.4, 3.2)}
+
+
+def test_scheduler_section_is_validated(catalog):
+    s = load_spec(spec_of({"name": "asha", "grace_epochs": 1, "reduction_factor": 3}), catalog)
+    assert s["search"].scheduler == Scheduler("asha", 1, 3.0)
+    assert load_spec(spec_of(None), catalog)["search"].scheduler.name == "none"
+    for bad, message in [({"name": "hyperband"}, "search.scheduler.name: must be one of none, asha, median"),
+                         ({"name": "median", "reduction_factor": 2}, "search.scheduler.reduction_factor: does not "
+                                                                      "apply to scheduler median"),
+                         ({"name": "asha", "grace_epochs": 3}, "search.scheduler.grace_epochs: must be < the "
+                                                               "smallest axes.epochs (3)"),
+                         ({"name": "asha", "reduction_factor": 1}, "reduction_factor: must be a finite number > 1"),
+                         ({"name": "asha", "grace": 1}, "search.scheduler.grace: unknown key")]:
+        with pytest.raises(SpecError, match=__import__("re").escape(message)):
+            load_spec(spec_of(bad), catalog)
+
+
+def test_flat_config_round_trips(catalog):
+    plan = plan_sweep(load_spec(spec_of("none"), catalog), catalog, workers=1)
+    trial = plan.cells[0].trials()[0]
+    flat = flatten(trial)
+    assert {"clip_bound", "batch_size", "learning_rate", "epsilon", "delta", "epochs", "backbone", "dataset",
+            "cell", "steps", "sample_rate", "noise_multiplier"} <= set(flat)
+    assert not any(isinstance(v, dict) and k in ("train", "meta", "trial") for k, v in flat.items())
+    assert flat["backbone"] == "mlp" and "model" not in flat
+    assert unflatten(flat) == trial
+
+
+def run(tmp_path, catalog, scheduler, name="asha"):
+    plan = plan_sweep(load_spec(spec_of(scheduler), catalog), catalog, workers=1)
+    settings = RunSettings(experiment=name, storage=str(tmp_path), max_failures=0, max_concurrent=1, verbose=0)
+    run_sweep(plan, settings, trainable=rigged.rigged_trainable)
+    return plan, settings, ResultsStore(settings.paths.store).table("trials")
+
+
+def test_asha_stops_exactly_the_trials_it_should_within_each_cell(local_ray, tmp_path, catalog):
+    plan, settings, rows = run(tmp_path, catalog, {"name": "asha", "grace_epochs": 1, "reduction_factor": RF})
+    assert len(rows) == 2 * len(rigged.ACCURACY) and rows.trial_id.is_unique
+    stopped = rows[rows.status == "stopped"]
+    assert {(r.epsilon, round(r.clip_bound, 6)) for r in stopped.itertuples()} == expected_stopped()
+    assert set(rows.status) == {"stopped", "finished"}
+    q = sample_rate(20, N)
+    steps = num_steps(EPOCHS, N, 20)
+    for r in stopped.itertuples():           # stopped at the first rung: one epoch, less than the cell's ε
+        assert r.epoch == 1
+        sigma = plan.cells[0 if r.epsilon == 1 else 1].row(20)["noise_multiplier"]
+        assert r.noise_multiplier == pytest.approx(sigma)
+        spent = epsilon_spent(sigma, 1e-5, q, math.ceil(steps / EPOCHS))
+        assert r.epsilon_spent == pytest.approx(spent, rel=1e-9) and r.epsilon_spent < r.epsilon
+    for r in rows[rows.status == "finished"].itertuples():
+        assert r.epoch == EPOCHS and r.epsilon_spent <= r.epsilon
+    # the Ray Tune config is flat: the settings are top-level keys of every trial's config
+    configs = [t for t in ResultsStore(settings.paths.store).table("trials").config_json]
+    assert all('"clip_bound"' in c for c in configs)
+    # resuming the finished experiment trains nothing again and keeps the stopped trials stopped
+    resume_sweep(settings.paths.root, out=sys.stderr, trainable=rigged.rigged_trainable)
+    again = ResultsStore(settings.paths.store).table("trials").set_index("trial_id")
+    before = rows.set_index("trial_id")
+    assert (again.loc[before.index, "status"] == before.status).all()
+    assert (again.loc[before.index, "written_at"] == before.written_at).all()
+
+
+def test_without_a_scheduler_every_trial_finishes(local_ray, tmp_path, catalog):
+    _, _, rows = run(tmp_path, catalog, "none", name="plain")
+    assert len(rows) == 2 * len(rigged.ACCURACY) and (rows.status == "finished").all()
+    assert (rows.epoch == EPOCHS).all()
