@@ -33,14 +33,22 @@ def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | 
         raise
     if fmt == "table":
         with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
-            print(frame.to_string(index=False), file=out)
+            print(_readable(frame).to_string(index=False), file=out)
     elif fmt == "csv":
         text = frame.to_csv(index=False)
         _emit(text, out_file, out)
     elif fmt == "json":
-        _emit(frame.to_json(orient="records", indent=1), out_file, out)
+        _emit(frame.to_json(orient="records", indent=1) + "\n", out_file, out)
     else:
         frame.to_parquet(out_file, index=False)
+    return frame
+
+
+def _readable(frame: pd.DataFrame) -> pd.DataFrame:
+    """For the table format: ``written_at`` (Unix seconds) as a UTC time, not ``1.796038e+09``."""
+    if "written_at" in frame.columns and pd.api.types.is_numeric_dtype(frame["written_at"]):
+        frame = frame.assign(written_at=pd.to_datetime(frame["written_at"], unit="s", utc=True)
+                             .dt.strftime("%Y-%m-%d %H:%M:%S"))
     return frame
 
 

@@ -9,11 +9,18 @@ read the parts, minus any trial that also has a newer loose file, plus the loose
 
 ``gradnorms`` holds per-class gradient-norm statistics computed from private training examples:
 they are **not** differentially private (column ``nonprivate`` is always true).
+
+Queries are read-only and see the store and nothing else (a store is often shared: NFS, S3, a
+team's dashboard): one SELECT (or EXPLAIN) statement per query; DuckDB runs with external access
+off, only the store's folder reachable (a remote store's files are read by pyarrow and handed to
+DuckDB as Arrow tables, so nothing is reachable) and its configuration locked, so COPY … TO,
+ATTACH, INSTALL/LOAD, SET and reading any file outside the store fail with one line.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import uuid
 from typing import Iterable, Sequence
@@ -28,6 +35,12 @@ from .layout import filesystem
 
 TABLES = ("trials", "epochs", "gradnorms")
 LOOSE, PART = "trial-", "part-"
+#: The statements a query may be: reading, never writing, attaching, loading or configuring.
+READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+
+
+class QueryRefused(ValueError):
+    """A query that would do more than read the store (one line, naming what was refused)."""
 
 
 def _sanitize(value: object) -> object:
@@ -106,12 +119,18 @@ class ResultsStore:
         return len(self._files(table, LOOSE))
 
     def connect(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection with the views ``trials``, ``epochs`` and ``gradnorms``."""
-        con = duckdb.connect()
+        """A locked-down DuckDB connection with the views ``trials``, ``epochs`` and ``gradnorms``:
+        external access off, only the store's folder readable (a remote store: nothing, its data
+        comes in as Arrow tables), extensions neither installed nor loaded, configuration locked."""
+        local = isinstance(self.fs, pafs.LocalFileSystem)
+        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        con.execute("SET allowed_directories = ?", [[os.path.abspath(self.path) + os.sep] if local else []])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
         for table in TABLES:
-            loose = [f.path for f in self._files(table, LOOSE)]
-            parts = [f.path for f in self._files(table, PART)]
-            if isinstance(self.fs, pafs.LocalFileSystem):
+            loose = [self._reachable(f.path) for f in self._files(table, LOOSE)]
+            parts = [self._reachable(f.path) for f in self._files(table, PART)]
+            if local:
                 loose_sql, parts_sql = _parquet_sql(loose), _parquet_sql(parts)
             else:  # remote: read with pyarrow's filesystem (DuckDB would need a network extension)
                 loose_sql = _register(con, f"_{table}_loose", self.fs, loose)
@@ -125,16 +144,46 @@ class ResultsStore:
             con.execute(f"CREATE VIEW {table} AS {sql}")
         return con
 
+    def _reachable(self, path: str) -> str:
+        """A local file's absolute path (what ``allowed_directories`` is checked against)."""
+        return os.path.abspath(path) if isinstance(self.fs, pafs.LocalFileSystem) else path
+
     def query(self, sql: str) -> pd.DataFrame:
-        """Run SQL over the views and return a pandas frame."""
+        """Run one read-only SQL statement over the views and return a pandas frame.
+
+        Raises :class:`QueryRefused` (a ValueError with one line) for anything but a single
+        SELECT/EXPLAIN, and for a statement that reaches outside the store."""
+        check_read_only(sql)
         with self.connect() as con:
-            return con.execute(sql).df()
+            try:
+                return con.execute(sql).df()
+            except (duckdb.PermissionException, duckdb.InvalidInputException) as exc:
+                first = str(exc).splitlines()[0]
+                if isinstance(exc, duckdb.PermissionException) or "configuration has been locked" in first:
+                    raise QueryRefused(f"refused: {first} (a query reads the views trials, epochs and gradnorms "
+                                       f"of this store, and no other file)") from None
+                raise
 
     def table(self, name: str) -> pd.DataFrame:
         """One whole view as a pandas frame (``trials``, ``epochs`` or ``gradnorms``)."""
         if name not in TABLES:
             raise ValueError(f"table must be one of {', '.join(TABLES)}; got {name!r}")
         return self.query(f"SELECT * FROM {name}")
+
+
+def check_read_only(sql: str) -> None:
+    """Refuse, before anything runs, SQL that is not exactly one SELECT (or EXPLAIN) statement."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise ValueError(f"query failed: {str(exc).splitlines()[0]}") from None
+    if len(statements) != 1:
+        raise QueryRefused(f"refused: give one SQL statement; got {len(statements)}")
+    kind = statements[0].type
+    if kind not in READ_ONLY_STATEMENTS:
+        name = "INSTALL/LOAD" if kind.name == "LOAD" else kind.name
+        raise QueryRefused(f"refused: {name} statement: the results store is read-only; a query is one "
+                           "SELECT (or EXPLAIN) over the views trials, epochs and gradnorms")
 
 
 def _safe(trial_id: str) -> str:
