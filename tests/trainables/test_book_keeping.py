@@ -10,11 +10,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dptune.trainables import DPEngine
-from dptune.trainables.batching import model_outputs
 from dptune.trainables.book_keeping import BookKeepingEngine
 from dptune.trainables.clip_factors import flat_clip
 from dptune.trainables.layer_rules import prefer_ghost
 from dptune.trainables.models import create_model
+
+from per_example_reference import clipped_sum_loop
 
 LOSS = nn.CrossEntropyLoss(reduction="none")
 RTOL = 1e-6
@@ -29,29 +30,12 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def loop(model: nn.Module, inputs, targets: torch.Tensor, clip: float):
-    """Per-example autograd, one backward per example: (Σ_i min(1, C/n_i) g_i, n_i)."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    sums = {n: torch.zeros_like(p) for n, p in params.items()}
-    norms = []
-    for i in range(len(targets)):
-        x = {k: v[i:i + 1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[i:i + 1]
-        grads = torch.autograd.grad(LOSS(model_outputs(model, x), targets[i:i + 1]).sum(), list(params.values()),
-                                    allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params.values())]
-        n = torch.sqrt(sum(g.pow(2).sum() for g in grads))
-        for name, g in zip(params, grads):
-            sums[name] += min(1.0, clip / float(n)) * g
-        norms.append(n)
-    return sums, torch.stack(norms)
-
-
 def assert_matches_loop(model, x, y, clip, micro=None):
     engine = DPEngine(model, LOSS, clip_bound=clip, noise_multiplier=0.0, expected_batch_size=1.0,
                       max_physical_batch_size=micro)
     assert isinstance(engine.norms, BookKeepingEngine)  # the default exact engine
     sums, norms = engine.clipped_sum(x, y)
-    ref_sums, ref_norms = loop(model, x, y, clip)
+    ref_sums, ref_norms = clipped_sum_loop(model, x, y, clip)
     assert bool((ref_norms > clip).any()) and bool((ref_norms < clip).any()) or len(y) < 2  # both regimes
     torch.testing.assert_close(norms, ref_norms, rtol=RTOL, atol=0)
     assert sums.keys() == ref_sums.keys()
@@ -62,7 +46,7 @@ def assert_matches_loop(model, x, y, clip, micro=None):
 
 def median_clip(model, x, y) -> float:
     """A clipping bound between the smallest and the largest per-sample norm."""
-    return float(loop(model, x, y, 1.0)[1].median())
+    return float(clipped_sum_loop(model, x, y, 1.0)[1].median())
 
 
 # ---- registered backbones ------------------------------------------------------------------
@@ -281,7 +265,7 @@ def test_two_backward_passes_when_g_would_not_fit_give_the_same_result(case, tmp
                              **TEXT_SMALL["all-MiniLM-L6-v2"]).double()
         x, y = padded_text(4, seed=5), torch.tensor([0, 1, 2, 1])
     clip = median_clip(model, x, y)
-    ref_sums, ref_norms = loop(model, x, y, clip)
+    ref_sums, ref_norms = clipped_sum_loop(model, x, y, clip)
     for budget, mode in ((None, "book-keeping"), (0, "two backward passes")):
         engine = BookKeepingEngine(model, LOSS, max_kept_bytes=budget)
         for _ in range(2):  # the first batch checks coverage, the second does not

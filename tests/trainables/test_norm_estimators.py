@@ -1,17 +1,18 @@
-"""Hook engine and randomized norm estimators (issue 4): against per-example loops and closed forms."""
+"""Norm estimators (ghost, Hutchinson, Hutch++) and the engine with each: against per-example loops and closed forms."""
 import pytest
 import torch
 from torch import nn
 
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.trainables import DPEngine, ghost_sq_norms, hutchinson_sq_norms, hutchpp_sq_norms
-from dptune.trainables.batching import model_outputs
 from dptune.trainables.clip_factors import flat_clip
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.engine import NORM_ENGINES
 from dptune.trainables.book_keeping import BookKeepingEngine
 from dptune.trainables.models import create_model
 from dptune.trainables.training import Trainer
+
+from per_example_reference import clipped_sum_loop
 
 LOSS = nn.CrossEntropyLoss(reduction="none")
 
@@ -28,23 +29,6 @@ def one_thread():
 def explicit_sq_norms(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     """‖A_iᵀG_i‖² from the materialised per-sample gradients, one example at a time."""
     return torch.stack([(a.T @ g).pow(2).sum() for a, g in zip(A, G)])
-
-
-def loop_reference(model: nn.Module, inputs, targets: torch.Tensor, clip: float):
-    """Per-example autograd: (Σ_i min(1, C/n_i) g_i, n_i)."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    sums = {n: torch.zeros_like(p) for n, p in params.items()}
-    norms = []
-    for i in range(len(targets)):
-        x = {k: v[i:i + 1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[i:i + 1]
-        loss = LOSS(model_outputs(model, x), targets[i:i + 1]).sum()
-        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params.values())]
-        n = torch.sqrt(sum(g.pow(2).sum() for g in grads))
-        for name, g in zip(params, grads):
-            sums[name] += min(1.0, clip / float(n)) * g
-        norms.append(n)
-    return sums, torch.stack(norms)
 
 
 class MixedModel(nn.Module):
@@ -146,7 +130,7 @@ def test_hook_engine_with_exact_norms_equals_per_example_loop(case):
         x, y = {"input_ids": ids, "attention_mask": mask}, torch.tensor([0, 2, 1, 2])
     clip = 0.5
     sums, norms = BookKeepingEngine(model, LOSS).clipped_sum(x, y, lambda n: flat_clip(n, clip))
-    ref_sums, ref_norms = loop_reference(model, x, y, clip)
+    ref_sums, ref_norms = clipped_sum_loop(model, x, y, clip)
     torch.testing.assert_close(norms, ref_norms, rtol=1e-10, atol=1e-12)
     for name in ref_sums:
         torch.testing.assert_close(sums[name], ref_sums[name], rtol=1e-10, atol=1e-12)
@@ -215,7 +199,7 @@ def test_one_example_contributes_at_most_z_times_c_over_b_c():
     model = create_model("mlp", num_classes=4, input_shape=(6,), hidden=16).double()
     x, y = torch.randn(5, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0])
     C, B = 0.05, 7.0
-    _, true_norms = loop_reference(model, x, y, C)
+    _, true_norms = clipped_sum_loop(model, x, y, C)
 
     def private(keep):
         engine = DPEngine(model, LOSS, clip_bound=C, noise_multiplier=0.0, expected_batch_size=B,
