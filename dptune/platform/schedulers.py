@@ -6,8 +6,9 @@ differ in ε, backbone, dataset and epochs, so their accuracies are not comparab
 :class:`PerCellScheduler` gives each cell (the flat config's ``cell`` key) its own
 ``AsyncHyperBandScheduler`` (rungs at epoch ends: ``time_attr="epoch"``, ``max_t`` the cell's
 epochs) or ``MedianStoppingRule``, and keeps their state in a file beside the experiment, so
-``dptune resume`` continues with the rungs already recorded (Ray Tune restores its searcher but
-builds a scheduler afresh).
+``dptune resume`` continues with the rungs already recorded and the stop decisions already taken
+(Ray Tune restores its searcher but builds a scheduler afresh). A trial stopped just before a
+driver failure, whose stop Ray Tune had not yet recorded, is stopped again at its next report.
 
 A stopped trial took fewer steps than planned, so it spent less than the cell's ε; the store
 callback records it with status ``stopped`` and the ε of its last epoch.
@@ -55,6 +56,7 @@ class PerCellScheduler(FIFOScheduler):
         self.make = functools.partial(cell_scheduler, settings, metric=metric, mode=mode)
         self.state = state
         self.cells: dict[str, TrialScheduler] = {}
+        self.stopped: set[str] = set()   # trials stopped by a decision already taken
         self._loaded = False
 
     # --- Ray Tune's TrialScheduler interface --------------------------------------------------
@@ -71,7 +73,11 @@ class PerCellScheduler(FIFOScheduler):
         inner = self._inner(trial)
         if inner is None:
             return TrialScheduler.CONTINUE
+        if trial.trial_id in self.stopped:   # decided before a driver failure, not yet applied: apply it
+            return TrialScheduler.STOP
         decision = inner.on_trial_result(tune_controller, trial, result)
+        if decision == TrialScheduler.STOP and result.get("step", 0) < result.get("steps", 0):
+            self.stopped.add(trial.trial_id)
         self._save()
         return decision
 
@@ -119,7 +125,7 @@ class PerCellScheduler(FIFOScheduler):
         fs, path = where
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         with fs.open_output_stream(path) as f:
-            f.write(pickle.dumps(self.cells))
+            f.write(pickle.dumps({"cells": self.cells, "stopped": self.stopped}))
 
     def _load(self) -> None:
         """Once, on first use: the cells' state saved by an earlier driver of the same experiment."""
@@ -132,7 +138,8 @@ class PerCellScheduler(FIFOScheduler):
         fs, path = where
         try:
             with fs.open_input_stream(path) as f:
-                self.cells = pickle.loads(f.read())
+                saved = pickle.loads(f.read())
+            self.cells, self.stopped = saved["cells"], saved["stopped"]
         except FileNotFoundError:
             pass
 

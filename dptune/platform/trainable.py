@@ -1,7 +1,8 @@
 """The Ray Tune function trainable: one DP training run per trial, checkpointed every epoch.
 
 A trial's Ray Tune config is flat (:mod:`.trial_config`): the training config's fields (``model``
-as ``backbone``) and the plan's figures as top-level keys. The trainable resumes from its latest checkpoint (weights, optimizer, sampler/noise/torch RNG states,
+as ``backbone``) and the plan's figures as top-level keys. The trainable resumes from its latest
+checkpoint (weights, optimizer, sampler/noise/torch RNG states,
 step, history), so a restored trial ends exactly as an uninterrupted one would. Reports carry
 scalar metrics only; the per-epoch history (curves, per-class gradient-norm statistics) travels in
 the checkpoint, where the driver-side store callback reads it.

@@ -133,3 +133,69 @@ def test_without_a_scheduler_every_trial_finishes(local_ray, tmp_path, catalog):
     _, _, rows = run(tmp_path, catalog, "none", name="plain")
     assert len(rows) == 2 * len(rigged.ACCURACY) and (rows.status == "finished").all()
     assert (rows.epoch == EPOCHS).all()
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {here!r})
+import rigged, test_schedulers as t
+from ray import cloudpickle
+cloudpickle.register_pickle_by_value(rigged)
+from dptune.platform.launcher import RunSettings
+from dptune.platform.sweep import run_sweep
+from dptune.search_spaces import Catalog, load_spec, plan_sweep
+catalog = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: t.N)
+plan = plan_sweep(load_spec(t.spec_of({{"name": "asha", "grace_epochs": 1, "reduction_factor": t.RF}}), catalog),
+                  catalog, workers=1)
+run_sweep(plan, RunSettings(experiment="killed", storage={storage!r}, max_failures=1, max_concurrent=1, verbose=0),
+          trainable=rigged.rigged_trainable)
+"""
+
+
+def test_resume_after_a_driver_kill_keeps_the_scheduler_state(local_ray, tmp_path, catalog):
+    """Kill the sweep's driver mid-sweep, resume: the stopped set is exactly the uninterrupted one
+    (the rungs recorded before the kill still count), every row is there once, and every stopped
+    trial's ε is the accountant's for the epochs it took."""
+    import os
+    import signal
+    import subprocess
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    here = str(Path(__file__).parent)
+    ray_dir = tempfile.mkdtemp(prefix="rs")
+    store = tmp_path / "killed" / "store"
+    env = {**os.environ, "RAY_TMPDIR": ray_dir, "RIGGED_EPOCH_SECONDS": "0.3"}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(here=here, storage=str(tmp_path))], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and \
+                len(list((store / "trials").glob("trial-*.parquet"))) < 6:
+            time.sleep(0.1)
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if ray_dir in " ".join(p.info["cmdline"] or []):
+                    p.kill()
+            except psutil.Error:
+                pass
+    before = ResultsStore(str(store)).table("trials")
+    assert 6 <= len(before) < 2 * len(rigged.ACCURACY)
+    resume_sweep(str(tmp_path / "killed"), out=sys.stderr, trainable=rigged.rigged_trainable)
+    rows = ResultsStore(str(store)).table("trials")
+    assert len(rows) == 2 * len(rigged.ACCURACY) and rows.trial_id.is_unique
+    assert {(r.epsilon, round(r.clip_bound, 6)) for r in rows[rows.status == "stopped"].itertuples()} \
+        == expected_stopped()
+    steps = num_steps(EPOCHS, N, 20)
+    for r in rows[rows.status == "stopped"].itertuples():
+        spent = epsilon_spent(r.noise_multiplier, 1e-5, sample_rate(20, N), rigged.epoch_step(r.epoch, steps, EPOCHS))
+        assert r.epoch < EPOCHS and r.epsilon_spent == pytest.approx(spent, rel=1e-9) and r.epsilon_spent < r.epsilon
+    kept = before[before.status == "stopped"].set_index("trial_id")
+    assert (rows.set_index("trial_id").loc[kept.index, "status"] == "stopped").all()
