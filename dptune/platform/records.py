@@ -31,6 +31,10 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     for k in ("epsilon_spent", "accuracy", "loss", "clipped_fraction", "train_time_s", "epoch"):
         row[k] = final.get(k)
     row["per_class_accuracy"] = final.get("per_class_accuracy")
+    # with a validation split, accuracy is the validation accuracy selection used (NOT private)
+    for k in ("validation_accuracy", "test_accuracy"):
+        row[k] = final.get(k)
+    row["validation_nonprivate"] = bool(final.get("validation_nonprivate", False))
     row["config_json"] = to_json(config)
     return row
 

@@ -109,6 +109,8 @@ class CellPlan:
                  "epochs": c.epochs, "clip_bound": float(clip_bound), "batch_size": int(batch_size),
                  "learning_rate": self.learning_rate(batch_size, lr_multiplier), "seed": int(seed),
                  "noise_multiplier": sigma, **self.space.trial.config(), **axis_fields(c.backbone, c.dataset)}
+        if self.space.selection.validation_fraction:
+            train["validation_fraction"] = self.space.selection.validation_fraction
         if "model_options" in train:
             model_options = {**self.space.trial.config().get("model_options", {}), **train["model_options"]}
             train["model_options"] = model_options
@@ -259,6 +261,9 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
         if declared is not None and declared != sizes[d]:
             raise ValueError(f"dataset_sizes.{d.name}: declared {declared:,} training examples but the data has "
                              f"{sizes[d]:,}; σ must be calibrated for the trainer's q = B/N")
+    fraction = space.selection.validation_fraction
+    if fraction:   # the trainer holds ⌈f·N⌉ out for validation: σ is for the N it trains on
+        sizes = {d: n - math.ceil(fraction * n) for d, n in sizes.items()}
     trial = space.trial
     cells = _cells(space)
     candidates = {c: candidate_rows(sizes[c.dataset], c.epochs, space.batch_sizes) for c in cells}

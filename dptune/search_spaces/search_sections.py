@@ -148,6 +148,16 @@ class TrialOptions:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """How trials are compared (``selection``). ``validation_fraction`` > 0 holds out a seeded,
+    stratified part of the training data: the searcher and the scheduler see validation accuracy,
+    test accuracy is stored beside it for reporting, and σ is calibrated for the examples trained
+    on. Selecting on validation data is NOT differentially private (stored as such)."""
+
+    validation_fraction: float = 0.0
+
+
+@dataclass(frozen=True)
 class SearchSpace:
     """Everything ``plan_sweep`` needs, read from the search-space sections of a spec."""
 
@@ -160,11 +170,13 @@ class SearchSpace:
     seeds: tuple[int, ...]
     trial: TrialOptions
     dataset_sizes: Mapping[str, int]     # declared sizes, for planning without the data
+    selection: Selection = field(default_factory=Selection)
 
     @classmethod
     def from_spec(cls, spec: Spec) -> "SearchSpace":
         return cls(spec["axes"], spec["clip_bound"], spec["batch_size"], spec["learning_rate"], spec["pruning"],
-                   spec["search"], spec["seeds"], spec["trial"], spec["dataset_sizes"])
+                   spec["search"], spec["seeds"], spec["trial"], spec["dataset_sizes"],
+                   spec["selection"])
 
 
 def _positive(value: Any, path: str) -> float:
@@ -357,6 +369,13 @@ def parse_trial(value: Any, catalog: Catalog) -> TrialOptions:
     except ValueError as exc:
         raise SpecError(f"trial: {exc}") from None
     return TrialOptions(estimator, k, raw)
+
+
+@register_section("selection", default={}, summary="validation_fraction: held-out part of the training data "
+                                                    "the search selects on (not private)")
+def parse_selection(value: Any, catalog: Catalog) -> Selection:
+    raw = mapping(value, "selection", ("validation_fraction",))
+    return Selection(number(raw.get("validation_fraction", 0.0), "selection.validation_fraction", ge=0, lt=0.5))
 
 
 @register_section("dataset_sizes", default={}, summary="training-set sizes N for planning without the data")

@@ -61,6 +61,10 @@ class TrainConfig:
     data_dir: str | None = option(None, "local copy of an HF dataset: a save_to_disk directory, Parquet files or an "
                                         "image folder")
     max_length: int | None = option(None, "text: tokens per example [the dataset's default, 128]")
+    validation_fraction: float = option(0.0, "hold out this seeded, stratified fraction of the training data for "
+                                             "selection: 'accuracy' is then validation accuracy, test accuracy is "
+                                             "reported beside it (selection on it is NOT private); σ is calibrated "
+                                             "for the examples actually trained on [0: no validation split]")
 
     @property
     def private(self) -> bool:
@@ -95,6 +99,7 @@ class TrainConfig:
         need(self.max_physical_batch_size is None or self.max_physical_batch_size >= 1,
              "max_physical_batch_size", "None or >= 1")
         need(self.noise_multiplier is None or self.noise_multiplier >= 0, "noise_multiplier", "None or >= 0")
+        need(0 <= self.validation_fraction < 1, "validation_fraction", "in [0, 1)")
         need(self.max_length is None or (isinstance(self.max_length, int) and self.max_length >= 2), "max_length",
              "None or a whole number >= 2")
         return self

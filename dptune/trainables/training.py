@@ -22,6 +22,7 @@ from ..registry import check_options
 from .batching import model_outputs, to_device
 from .config import TrainConfig
 from .data import DATASETS, DatasetSplits, load_dataset, take
+from .splits import with_validation
 from .denoise import epoch_denoise_metrics
 from .engine import DPEngine
 from .models import create_model, data_options, parameter_summary
@@ -113,7 +114,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model_options = {**_given(peft=cfg.peft, weights=cfg.weights), **cfg.model_options}
         self.data = data or load_training_data(cfg, model_options)
-        self.n_train = len(self.data.train)
+        if cfg.validation_fraction > 0:
+            self.data = with_validation(self.data, cfg.validation_fraction, cfg.seed)
+        self.n_train = len(self.data.train)   # what is trained on: q = B/N and σ are for this N
         self.plan = plan_privacy(cfg, self.n_train)
         self.model = create_model(cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
                                   **model_options).to(self.device)
@@ -181,6 +184,12 @@ class Trainer:
         self.train_time_s += time.perf_counter() - start
         metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s,
                    **evaluate(self.model, self.data.test, self.data.num_classes, self.device)}
+        if self.data.validation is not None:
+            # selection sees validation accuracy ('accuracy'); test accuracy only reports. NOT private.
+            metrics["test_accuracy"], metrics["test_loss"] = metrics["accuracy"], metrics["loss"]
+            validation = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)
+            metrics.update(accuracy=validation["accuracy"], loss=validation["loss"],
+                           validation_accuracy=validation["accuracy"], validation_nonprivate=True)
         if self.engine is not None:
             metrics["epsilon_spent"] = epsilon_spent(self.plan.noise_multiplier, self.cfg.delta,
                                                      self.plan.sample_rate, self.step,

@@ -71,3 +71,75 @@ def test_bad_config_names_the_field(values, field):
 def test_unknown_config_keys_are_errors():
     with pytest.raises(ValueError, match="clip_bond"):
         TrainConfig.from_dict({"clip_bond": 1.0})
+
+
+# --- validation split for selection (issue 12, item 4) ------------------------------------------
+
+def test_validation_split_is_seeded_stratified_and_disjoint():
+    from dptune.trainables.data import load_dataset
+    from dptune.trainables.splits import labels_of, with_validation
+
+    data = load_dataset("digits", seed=0)
+    n = len(data.train)
+    a, b, c = (with_validation(data, 0.1, s) for s in (0, 0, 1))
+    assert len(a.validation) == math.ceil(0.1 * n) and len(a.train) == n - math.ceil(0.1 * n)
+    assert torch.equal(a.train.tensors[0], b.train.tensors[0]) and not torch.equal(a.train.tensors[0],
+                                                                                   c.train.tensors[0])
+    from collections import Counter
+
+    def rows(x):
+        return Counter(tuple(r.flatten().tolist()) for r in x)
+
+    # every training example in exactly one part (as a multiset: digits has duplicate images)
+    assert rows(a.train.tensors[0]) + rows(a.validation.tensors[0]) == rows(data.train.tensors[0])
+    share = torch.bincount(labels_of(a.validation), minlength=10).float() / len(a.validation)
+    whole = torch.bincount(labels_of(data.train), minlength=10).float() / n
+    assert (share - whole).abs().max() < 0.02                # stratified: class shares kept
+
+
+def test_training_with_a_validation_split_selects_on_it_and_reports_test_accuracy():
+    from dptune.trainables.training import evaluate
+
+    cfg = TrainConfig(dataset="digits", model="mlp", epsilon=4.0, epochs=1, batch_size=64, learning_rate=1.0,
+                      validation_fraction=0.2, model_options={"hidden": 16})
+    trainer = Trainer(cfg)
+    n = 1437 - math.ceil(0.2 * 1437)
+    assert trainer.n_train == n
+    q, steps = 64 / n, math.ceil(n / 64)
+    assert (trainer.plan.sample_rate, trainer.plan.steps) == (pytest.approx(q), steps)
+    assert trainer.plan.noise_multiplier == pytest.approx(calibrate_noise(4.0, 1e-5, q, steps))
+    metrics = trainer.run_epoch()
+    assert metrics["validation_nonprivate"] is True
+    assert metrics["accuracy"] == metrics["validation_accuracy"] == pytest.approx(
+        evaluate(trainer.model, trainer.data.validation, 10, trainer.device)["accuracy"])
+    assert metrics["test_accuracy"] == pytest.approx(
+        evaluate(trainer.model, trainer.data.test, 10, trainer.device)["accuracy"])
+    assert metrics["epsilon_spent"] == pytest.approx(epsilon_spent(trainer.plan.noise_multiplier, 1e-5, q, steps))
+
+
+def test_the_planner_calibrates_for_the_examples_trained_on():
+    from dptune.platform.catalog import trainables_catalog
+    from dptune.platform.trainable import check_plan
+    from dptune.search_spaces import load_spec, plan_sweep
+
+    spec = {"axes": {"epsilon": 2, "backbone": {"name": "mlp", "hidden": 16}, "dataset": "digits", "epochs": 1},
+            "clip_bound": 1, "batch_size": 64, "pruning": {"min_steps": 5},
+            "learning_rate": {"reference": 1.0, "reference_batch_size": 64}, "selection": {"validation_fraction": 0.1}}
+    plan = plan_sweep(load_spec(spec, trainables_catalog()), trainables_catalog(), workers=1)
+    assert plan.cells[0].dataset_size == 1437 - math.ceil(0.1 * 1437)
+    trial = plan.cells[0].trials()[0]
+    assert trial["train"]["validation_fraction"] == 0.1
+    check_plan(trial["meta"], Trainer(TrainConfig.from_dict(trial["train"])))   # q and T are the trainer's
+
+
+def test_validation_split_of_a_tokenised_set_reads_labels_without_inputs():
+    from dptune.trainables.data import load_dataset
+    from dptune.trainables.splits import labels_of, with_validation
+
+    data = load_dataset("bbc_news", max_length=8)
+    split = with_validation(data, 0.1, 3)
+    n = len(data.train)
+    assert len(split.validation) == math.ceil(0.1 * n) and len(split.train) + len(split.validation) == n
+    assert torch.equal(labels_of(split.validation), torch.stack([split.validation[i][1]
+                                                                for i in range(len(split.validation))]))
+    assert set(split.train.indices).isdisjoint(split.validation.indices)
