@@ -1,0 +1,27 @@
+"""Every example spec validates against this build and plans offline (issue 12, item 5)."""
+from pathlib import Path
+
+import pytest
+
+from dptune.platform import spec_sections  # noqa: F401  (registers the platform's sections)
+from dptune.platform.catalog import trainables_catalog
+from dptune.search_spaces import load_spec, plan_sweep
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_validates(path):
+    load_spec(path, trainables_catalog())
+
+
+@pytest.mark.parametrize("name", ["bert_lora_text.yaml", "wrn16_4_scratch.yaml", "minilm_bbc_cpu.yaml"])
+def test_example_plans_offline(name, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = next(p for p in EXAMPLES if p.name == name)
+    plan = plan_sweep(load_spec(path, trainables_catalog()), trainables_catalog(), strict=False)
+    assert plan.num_trials > 0 and not plan.empty_cells
+    if name == "minilm_bbc_cpu.yaml":   # CPU-sized: a few dozen short trials, two backbones that differ by weights
+        assert plan.num_trials <= 24 and len({c.cell.backbone for c in plan}) == 2
+        assert {c.cell.backbone.label for c in plan} == {"all-MiniLM-L6-v2[lora_rank=8,peft=lora]",
+                                                         "all-MiniLM-L6-v2[lora_rank=8,peft=lora,weights=random]"}
