@@ -3,10 +3,16 @@
 Few accountant evaluations: a μ-GDP central-limit guess (Bu et al. 2020) starts the search,
 secant steps in log–log space bracket the root, and Illinois regula falsi narrows the bracket to
 ``rel_tol``. Only σ values whose ε was *evaluated* to be ≤ target are ever returned.
+
+A caller that knows a better starting point (the planner: the CLT guess corrected by the ratio a
+neighbouring batch size needed, see :func:`clt_noise_guess`) passes ``guess``; the search then
+starts with small steps and often brackets the root with two evaluations. The result satisfies
+the same guarantee either way: ε(σ) ≤ target and σ at most ``REL_TOL`` above the smallest such σ.
 """
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .cache import cached, make_key
 from .validation import check_delta, check_epsilon, check_estimator, check_sample_rate, check_steps
@@ -38,11 +44,13 @@ def clt_noise_guess(epsilon: float, delta: float, sample_rate: float, steps: int
 
 
 def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int, *,
-                    norm_estimator: str = "exact", sketch_k: int | None = None) -> float:
+                    norm_estimator: str = "exact", sketch_k: int | None = None,
+                    guess: float | None = None) -> float:
     """Smallest noise multiplier σ (to 0.1% relative) with ``epsilon_spent(σ, …) <= epsilon``.
 
     Raises ValueError for invalid arguments or a target that no σ in [0.05, 10⁴] reaches.
-    Cached in memory and on disk.
+    Cached in memory and on disk. ``guess`` (optional) is where the search starts: it changes the
+    cost, not the guarantee (the cached value serves callers with or without one).
 
     >>> from dptune.privacy import epsilon_spent
     >>> sigma = calibrate_noise(3.0, 1e-5, 0.02, 489)
@@ -55,7 +63,7 @@ def calibrate_noise(epsilon: float, delta: float, sample_rate: float, steps: int
     steps = check_steps(steps)
     norm_estimator, sketch_k = check_estimator(norm_estimator, sketch_k)
     return cached(sigma_key(epsilon, delta, q, steps, norm_estimator, sketch_k),
-                  lambda: _search(epsilon, delta, q, steps, norm_estimator, sketch_k))
+                  lambda: _search(epsilon, delta, q, steps, norm_estimator, sketch_k, guess=guess))
 
 
 def sigma_key(epsilon: float, delta: float, sample_rate: float, steps: int, norm_estimator: str = "exact",
@@ -66,7 +74,34 @@ def sigma_key(epsilon: float, delta: float, sample_rate: float, steps: int, norm
                     estimator=norm_estimator, k=sketch_k, rel_tol=REL_TOL)
 
 
-def _search(target: float, delta: float, q: float, steps: int, estimator: str, k: int | None) -> float:
+def calibrate_noise_series(epsilon: float, delta: float, schedules: Sequence[tuple[float, int]], *,
+                           norm_estimator: str = "exact", sketch_k: int | None = None) -> list[float]:
+    """``calibrate_noise`` for each (sample_rate, steps) of ``schedules``, in the order given, each
+    search warm-started from those before it: the CLT guess times the ratio σ/σ_CLT that its
+    neighbours needed (extrapolated linearly in log q from the last two). Give the batch sizes of one cell in increasing order (σ/σ_CLT varies
+    smoothly along them). Same guarantee and the same cache entries as ``calibrate_noise``."""
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    norm_estimator, sketch_k = check_estimator(norm_estimator, sketch_k)
+    seen: list[tuple[float, float]] = []  # (log q, log σ/σ_CLT) of the schedules done
+    sigmas = []
+    for sample_rate, steps in schedules:
+        q, steps = check_sample_rate(sample_rate), check_steps(steps)
+        clt = clt_noise_guess(epsilon, delta, q, steps)
+        if len(seen) >= 2 and seen[-1][0] != seen[-2][0]:
+            (x0, r0), (x1, r1) = seen[-2:]
+            log_ratio = r1 + (r1 - r0) * (math.log(q) - x1) / (x1 - x0)
+        else:
+            log_ratio = seen[-1][1] if seen else 0.0
+        guess = clt * math.exp(log_ratio) if seen else None
+        sigma = cached(sigma_key(epsilon, delta, q, steps, norm_estimator, sketch_k),
+                       lambda: _search(epsilon, delta, q, steps, norm_estimator, sketch_k, guess=guess))
+        seen.append((math.log(q), math.log(sigma / clt)))
+        sigmas.append(sigma)
+    return sigmas
+
+
+def _search(target: float, delta: float, q: float, steps: int, estimator: str, k: int | None, *,
+            guess: float | None = None) -> float:
     from .accountant import worst_direction_epsilon
 
     def log_gap(sigma: float) -> float:
@@ -74,7 +109,10 @@ def _search(target: float, delta: float, q: float, steps: int, estimator: str, k
         return math.log(eps / target) if math.isfinite(eps) else math.inf
 
     # Bracket in x = log σ: f(x) > 0 (too little noise) at lo, f(x) <= 0 at hi.
-    x = math.log(clt_noise_guess(target, delta, q, steps))
+    if guess is not None and SIGMA_MIN <= guess <= SIGMA_MAX:  # a close start: steps as small as the tolerance
+        x, min_step = math.log(guess), REL_TOL / 3
+    else:
+        x, min_step = math.log(clt_noise_guess(target, delta, q, steps)), 0.01
     fx = log_gap(math.exp(x))
     slope = -1.0  # d log ε / d log σ, refined by secant steps
     lo = hi = None
@@ -86,7 +124,8 @@ def _search(target: float, delta: float, q: float, steps: int, estimator: str, k
         if lo is not None and hi is not None:
             break
         step = -fx / slope if math.isfinite(fx) else 0.5
-        step = math.copysign(min(max(abs(step) * 1.05, 0.01), 2.0), step if step else 1.0)
+        step = math.copysign(min(max(abs(step) * 1.05, min_step), 2.0), step if step else 1.0)
+        min_step = min(4 * min_step, 0.01)  # a start that was not close after all: widen the steps
         x_new = x + step
         if x_new > math.log(SIGMA_MAX):
             raise ValueError(f"epsilon={target} is not reachable at delta={delta}, sample_rate={q}, "

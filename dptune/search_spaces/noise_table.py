@@ -2,20 +2,24 @@
 
 A sweep asks for σ at every (ε, δ, q, T, estimator) of every cell; backbones share them, so the
 requests are deduplicated first. Values already in the accountant's cache (memory or the SQLite
-file shared by all processes) are read in this process; only the missing ones go to a process
-pool, longest first (T drives the cost), with a progress bar. Workers write the on-disk cache, so
-a second plan, and every trial, finds them there.
+file shared by all processes) are read in this process; only the missing ones are computed, with
+a progress bar. They are grouped into **series**: the batch sizes of one (ε, δ, estimator,
+epochs) in increasing order, calibrated one after the other so that each search starts from its
+neighbours' answer (``calibrate_noise_series``: about half the accountant evaluations); the series
+go to a process pool, longest first. Workers write the on-disk cache, so a second plan, and every
+trial, finds them there.
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
 import sys
+from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from ..privacy.cache import cached
-from ..privacy.calibration import calibrate_noise, sigma_key
+from ..privacy.calibration import calibrate_noise_series, sigma_key
 
 
 class NoiseRequest(NamedTuple):
@@ -51,9 +55,21 @@ def cached_noise(request: NoiseRequest) -> float | None:
         return None
 
 
-def _calibrate(request: NoiseRequest) -> float:
-    return calibrate_noise(request.epsilon, request.delta, request.sample_rate, request.steps,
-                           norm_estimator=request.norm_estimator, sketch_k=request.sketch_k)
+def _calibrate_series(series: Sequence[NoiseRequest]) -> list[float]:
+    first = series[0]
+    return calibrate_noise_series(first.epsilon, first.delta, [(r.sample_rate, r.steps) for r in series],
+                                  norm_estimator=first.norm_estimator, sketch_k=first.sketch_k)
+
+
+def series_of(requests: Iterable[NoiseRequest]) -> list[list[NoiseRequest]]:
+    """The requests grouped by (ε, δ, estimator, k, epochs ≈ q·T to two digits), each group in
+    increasing q; the groups with the most steps first (they take longest)."""
+    groups: dict[tuple, list[NoiseRequest]] = defaultdict(list)
+    for r in requests:
+        epochs = float(f"{r.sample_rate * r.steps:.2g}")
+        groups[(r.epsilon, r.delta, r.norm_estimator, r.sketch_k, epochs)].append(r)
+    series = [sorted(g, key=lambda r: (r.sample_rate, r.steps)) for g in groups.values()]
+    return sorted(series, key=lambda g: sum(r.steps for r in g), reverse=True)
 
 
 def default_workers() -> int:
@@ -83,24 +99,25 @@ def calibrate_many(requests: Iterable[NoiseRequest], *, workers: int | None = No
             results[request] = value
     if not missing:
         return results
-    missing.sort(key=lambda r: r.steps, reverse=True)  # the slowest first balances the pool
-    workers = min(workers or default_workers(), len(missing))
+    series = series_of(missing)
+    workers = min(workers or default_workers(), len(series))
     from tqdm.auto import tqdm
 
     desc = f"calibrating σ ({len(results)} cached, {workers} process{'es' if workers > 1 else ''})"
     with tqdm(total=len(missing), desc=desc, unit="σ", disable=not progress, file=sys.stderr) as bar:
         if workers <= 1:
-            for request in missing:
-                results[request] = _calibrate(request)
-                bar.update(1)
+            for group in series:
+                results.update(zip(group, _calibrate_series(group)))
+                bar.update(len(group))
             return results
         context = multiprocessing.get_context("spawn")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
         try:
-            futures = {pool.submit(_calibrate, request): request for request in missing}
+            futures = {pool.submit(_calibrate_series, group): group for group in series}
             for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                bar.update(1)
+                group = futures[future]
+                results.update(zip(group, future.result()))
+                bar.update(len(group))
         finally:  # on an error or ^C, do not wait for the calibrations still queued
             pool.shutdown(wait=True, cancel_futures=True)
     return results
