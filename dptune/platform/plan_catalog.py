@@ -73,13 +73,15 @@ class _SnapshotSizes:
     def __init__(self, sizes: dict[str, int], save: Callable[[dict[str, int]], None]) -> None:
         self.sizes, self._save = dict(sizes), save
 
-    def __call__(self, name: str) -> int:
-        if name not in self.sizes:
+    def __call__(self, name: str, **options: object) -> int:
+        # a dataset's axis options (data_dir, max_length) are part of the key: data_dir changes N
+        key = f"{name}{json.dumps(options, sort_keys=True, default=str)}" if options else name
+        if key not in self.sizes:
             from .catalog import dataset_size  # loads the data (torch)
 
-            self.sizes[name] = int(dataset_size(name))
+            self.sizes[key] = int(dataset_size(name, **options))
             self._save(self.sizes)
-        return self.sizes[name]
+        return self.sizes[key]
 
 
 def _snapshot_file() -> Path | None:

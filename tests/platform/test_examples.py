@@ -25,3 +25,19 @@ def test_example_plans_offline(name, monkeypatch):
         assert plan.num_trials <= 24 and len({c.cell.backbone for c in plan}) == 2
         assert {c.cell.backbone.label for c in plan} == {"all-MiniLM-L6-v2[lora_rank=8,peft=lora]",
                                                          "all-MiniLM-L6-v2[lora_rank=8,peft=lora,weights=random]"}
+
+
+def test_dptune_plan_sizes_a_dataset_with_options(tmp_path, monkeypatch, capsys):
+    """``dptune plan`` (its catalog snapshot) sizes a dataset given with options, cold and warm."""
+    import io
+
+    from dptune.cli import main
+    from dptune.trainables.data import load_dataset
+
+    monkeypatch.setenv("DPTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    path = next(p for p in EXAMPLES if p.name == "minilm_bbc_cpu.yaml")
+    n = len(load_dataset("bbc_news", max_length=8).train)
+    for _ in range(2):
+        out = io.StringIO()
+        assert main(["plan", str(path), "--quiet", "--workers", "1"], out=out) == 0
+        assert f"dataset=bbc_news[max_length=32] (N={n:,})" in out.getvalue()
