@@ -75,7 +75,8 @@ class Sweep:
         t["epsilon"] = np.where(t["private"], pd.to_numeric(t["epsilon"], errors="coerce"), np.inf)
         for column in HYPERPARAMETERS + ("accuracy", "epochs"):
             t[column] = pd.to_numeric(t[column], errors="coerce").astype(float)
-        t["accuracy"] = t["accuracy"].where(t["status"] == "finished")  # an errored trial has no result
+        # an errored or stopped trial has no result; a clip-equivalent one has its source's (same trajectory)
+        t["accuracy"] = t["accuracy"].where(t["status"].isin(["finished", "equivalent"]))
         for column in ("dataset", "backbone"):
             t[column] = t[column].astype(object).where(t[column].notna(), "?")
         varying = []
@@ -200,6 +201,7 @@ class Sweep:
                    "finished": int((t["status"] == "finished").sum()),
                    "errored": int((t["status"] == "error").sum()),
                    "stopped": int((t["status"] == "stopped").sum()),
+                   "equivalent": int((t["status"] == "equivalent").sum()),
                    "C": _values(t["clip_bound"]) if cell["private"] else "— (no clipping)",
                    "B": _values(t["batch_size"]), "η": _values(t["learning_rate"]),
                    "best accuracy": acc.max() if len(acc) else np.nan,

@@ -30,7 +30,7 @@ import math
 import pickle
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ray.tune.search import Searcher
 
@@ -62,21 +62,40 @@ def default_startup_trials(budget: int) -> int:
 
 
 @dataclass
+class _Chain:
+    """Clip-equivalence in a grid cell: the C grid of one (B, η multiplier), largest C first."""
+
+    batch_size: int
+    multiplier: float
+    remaining: list                     # clipping bounds not yet handed out, descending
+    running: bool = False
+
+
+@dataclass
 class _Proposal:
     cell: int
     indices: Indices
     remaining: int                      # seeds still running
     values: list = field(default_factory=list)
+    chain: Optional[_Chain] = None
+    clipped: dict = field(default_factory=dict)   # seed → (Ray trial id, clipped every example at every step)
 
 
 class SweepSearcher(Searcher):
     """Hands out the trials of a :class:`SweepPlan` to Ray Tune (see the module docstring)."""
 
     def __init__(self, plan: "SweepPlan", *, metric: str = "accuracy", mode: str = "max",
-                 config_key: str | None = None) -> None:
+                 config_key: str | None = None, clip_equivalence: bool = True,
+                 on_equivalent: Optional[Callable[[list[dict]], None]] = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.plan = plan
         self.config_key = config_key
+        self.clip_equivalence = clip_equivalence
+        self.on_equivalent = on_equivalent                 # called with the equivalents found so far
+        self._chains: dict[int, list[_Chain]] = {}         # grid cells with clip-equivalence
+        self._seeds: dict[str, int] = {}                   # Ray trial id → training seed
+        #: trials recorded, not trained: {"source": Ray trial id, "spec": trial spec} (see chained)
+        self.equivalents: list[dict] = []
         self._cursor = 0                                   # the cell handing out trials
         self._issued = [0] * len(plan.cells)               # configurations handed out per cell
         self._asks = [0] * len(plan.cells)                 # proposal ids used per cell
@@ -93,9 +112,11 @@ class SweepSearcher(Searcher):
         if not self._pending:
             self._propose()
         if not self._pending:
-            return Searcher.FINISHED
+            done = all(n >= c.num_configurations for n, c in zip(self._issued, self.plan.cells))
+            return Searcher.FINISHED if done else None     # None: waiting for a larger C (clip-equivalence)
         config, pid = self._pending.popleft()
         self._trials[trial_id] = pid
+        self._seeds[trial_id] = int(config["train"]["seed"])
         return flatten(config) if self.config_key is None else {self.config_key: config}
 
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
@@ -105,11 +126,16 @@ class SweepSearcher(Searcher):
         value = None if error or not result else result.get(self.metric)
         proposal = self._proposals[pid]
         proposal.values.append(float(value) if value is not None and math.isfinite(value) else None)
+        seed = self._seeds.pop(trial_id, None)
+        proposal.clipped[seed] = (trial_id, not error and bool(result) and result.get("fully_clipped") == 1
+                                  and result.get("step") == result.get("steps"))
         proposal.remaining -= 1
         if proposal.remaining == 0:
             del self._proposals[pid]
             mean = None if None in proposal.values else sum(proposal.values) / len(proposal.values)
             self._finish(proposal.cell, pid, proposal.indices, mean)
+            if proposal.chain is not None:
+                self._chain_done(proposal, mean)
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
@@ -137,15 +163,73 @@ class SweepSearcher(Searcher):
         if inner is not None:
             inner.on_trial_complete(pid, None if mean is None else {self.metric: mean}, error=mean is None)
 
+    # --- clip-equivalence (grid) ----------------------------------------------------------------------
+
+    def chained(self, cell: int) -> bool:
+        """Whether clip-equivalence applies in a cell: a private grid cell with flat clipping and more
+        than one C. There, with ĝ normalised by B·C, a trial that clipped every example at every step
+        gives the same trajectory for every smaller C (same B, η, seed, options): the update is
+        (Σ g_i/‖g_i‖ + σξ)/B whatever C is. Its C grid runs largest first, and once a configuration
+        is fully clipped in every seed, the smaller C are recorded as equivalent instead of trained.
+        The decision reads private gradient norms: it is NOT differentially private."""
+        plan = self.plan.cells[cell]
+        options = self.plan.space.trial.config()
+        return (self.clip_equivalence and self.plan.space.search.algorithm == "grid"
+                and options.get("clip_fn", "flat") == "flat" and math.isfinite(plan.cell.epsilon)
+                and len(self.plan.space.clip_bounds) > 1)
+
+    def _next_in_chain(self, i: int) -> tuple[str, Indices, _Chain] | None:
+        cell = self.plan.cells[i]
+        if i not in self._chains:
+            self._chains[i] = [_Chain(b, m, sorted(self.plan.space.clip_bounds, reverse=True))
+                               for b in cell.searched_batch_sizes for m in self.plan.space.learning_rate.multipliers]
+        for chain in self._chains[i]:
+            if not chain.running and chain.remaining:
+                c = chain.remaining.pop(0)
+                chain.running = True
+                indices = (self.plan.space.clip_bounds.index(c), cell.searched_batch_sizes.index(chain.batch_size),
+                           self.plan.space.learning_rate.multipliers.index(chain.multiplier))
+                return self._new_pid(i), indices, chain
+        return None
+
+    def _chain_done(self, proposal: _Proposal, mean: Optional[float]) -> None:
+        chain = proposal.chain
+        chain.running = False
+        if not chain.remaining or not all(fully for _, fully in proposal.clipped.values()):
+            return
+        cell = self.plan.cells[proposal.cell]
+        for c in chain.remaining:
+            for seed, (source, _) in sorted(proposal.clipped.items()):
+                self.equivalents.append({"source": source,
+                                         "spec": cell.trial_config(c, chain.batch_size, chain.multiplier, seed)})
+            indices = (self.plan.space.clip_bounds.index(c), proposal.indices[1], proposal.indices[2])
+            self._finished[proposal.cell][indices] = mean
+        self._issued[proposal.cell] += len(chain.remaining)
+        chain.remaining = []
+        if self.on_equivalent is not None:
+            self.on_equivalent(list(self.equivalents))
+
     def _propose(self) -> None:
-        """Queue the trials (one per seed) of the next configuration, if any is left."""
+        """Queue the trials (one per seed) of the next configuration, if any is left (a cell whose
+        C chains all wait for a larger C lets the next cells hand out trials meanwhile)."""
         cells = self.plan.cells
-        while self._cursor < len(cells):
-            i = self._cursor
+        i = self._cursor
+        while i < len(cells):
             cell = cells[i]
             if self._issued[i] >= cell.num_configurations:
-                self._cursor += 1
+                if i == self._cursor:
+                    self._cursor += 1
+                i += 1
                 continue
+            if self.chained(i):
+                asked = self._next_in_chain(i)
+                if asked is None:                       # every chain waits for its running larger C
+                    i += 1
+                    continue
+                pid, indices, chain = asked
+                self._queue(i, pid, indices)
+                self._proposals[pid].chain = chain
+                return
             if self.plan.space.search.algorithm == "optuna":
                 asked = self._ask_optuna(i)
                 if asked is None:                       # converged: this cell is done

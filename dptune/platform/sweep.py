@@ -17,6 +17,7 @@ from ray import tune
 from ..search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
 from . import spec_sections  # noqa: F401  (registers the platform's spec sections)
 from .catalog import trainables_catalog
+from .equivalence import EquivalenceLog, write_equivalent_rows
 from .launcher import RunSettings, resourced, run_config, start_ray
 from .layout import SETTINGS_FILE, ExperimentPaths, absolute
 from .schedulers import build_scheduler
@@ -42,7 +43,7 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
                            cpus_per_trial=resources.cpu, gpus_per_trial=resources.gpu,
                            max_failures=spec["failure"], max_concurrent=resources.max_concurrent)
-    print(format_plan(plan), file=out)
+    print(format_plan(plan, dry_run=False), file=out)
     return plan, settings
 
 
@@ -55,10 +56,12 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric="accuracy", mode="max")
     tuner = tune.Tuner(
         resourced(settings) if trainable is None else resourced(settings, trainable),
-        tune_config=tune.TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max"), num_samples=-1,
+        tune_config=tune.TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max",
+                                                             on_equivalent=EquivalenceLog(settings.paths.absolute())),
+                                    num_samples=-1,
                                     scheduler=scheduler, reuse_actors=True,
                                     max_concurrent_trials=settings.max_concurrent),
-        run_config=run_config(settings),
+        run_config=run_config(settings, plan.num_trials),
     )
     _save_settings(settings)
     print(f"dptune: running {plan.num_trials} trials; experiment at {settings.paths.root}\n"
@@ -101,6 +104,7 @@ def _load_settings(paths: ExperimentPaths) -> RunSettings:
 
 
 def _outcome(results: tune.ResultGrid, settings: RunSettings) -> SweepOutcome:
+    write_equivalent_rows(settings.paths.absolute())   # clip-equivalent trials: recorded, not trained
     errored = sum(r.error is not None for r in results)  # stopped trials count as finished here
     return SweepOutcome(settings.paths, len(results) - errored, errored)
 

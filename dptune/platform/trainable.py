@@ -33,13 +33,13 @@ def dp_trainable(config: dict) -> None:
         trainer.load_state_dict(state["trainer"])
         history = state["history"]
         if trainer.done and history:  # restored at its end (e.g. after a driver failure): report it again
-            tune_adapter.report(epoch_report(history[-1], trainer))
+            tune_adapter.report(epoch_report(history[-1], trainer, history))
     while not trainer.done:
         metrics = trainer.run_epoch()
         if not math.isfinite(metrics["loss"]):
             raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics['epoch']}")
         history.append(metrics)
-        tune_adapter.report(epoch_report(metrics, trainer),
+        tune_adapter.report(epoch_report(metrics, trainer, history),
                             state={"trainer": trainer.state_dict(), "history": history})
 
 
@@ -53,12 +53,14 @@ def check_plan(meta: dict, trainer: Trainer) -> None:
                          f"with q={plan.sample_rate}, T={plan.steps}: its noise multiplier does not give the stated ε")
 
 
-def epoch_report(metrics: dict, trainer: Trainer) -> dict:
+def epoch_report(metrics: dict, trainer: Trainer, history: list[dict] | None = None) -> dict:
     """Flat scalar metrics for Ray Tune (the headline ones first: the progress table shows them)
-    plus the run's privacy plan."""
+    plus the run's privacy plan and ``fully_clipped`` (1 when every example of every step so far
+    was clipped: the searcher's clip-equivalence reads it; computed from private norms, NOT private)."""
     head = {k: metrics[k] for k in ("accuracy", "loss", "epsilon_spent", "epoch") if k in metrics}
     rest = {k: v for k, v in metrics.items()
             if k not in head and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {**head, **rest, "noise_multiplier": trainer.plan.noise_multiplier,
             "sample_rate": trainer.plan.sample_rate, "steps": trainer.plan.steps,
-            "noise_sqrt_steps": trainer.plan.noise_sqrt_steps, "trainable_params": trainer.trainable}
+            "noise_sqrt_steps": trainer.plan.noise_sqrt_steps, "trainable_params": trainer.trainable,
+            "fully_clipped": int(bool(history) and all(h.get("clipped_fraction") == 1.0 for h in history))}

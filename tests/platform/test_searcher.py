@@ -66,9 +66,12 @@ def key(trial: dict) -> tuple:
 
 def test_grid_searcher_hands_out_the_plan_then_finishes(catalog, toy_spec):
     plan = plan_sweep(load_spec(toy_spec(seeds=[0, 1]), catalog), catalog, workers=1)
-    searcher = SweepSearcher(plan)
+    searcher = SweepSearcher(plan, clip_equivalence=False)
     assert run(searcher) == plan.trials()
     assert searcher.suggest("again") == Searcher.FINISHED
+    chained = SweepSearcher(plan)            # clip-equivalence: same trials, each C grid largest first
+    assert sorted(map(key, run(chained))) == sorted(map(key, plan.trials()))
+    assert chained.suggest("again") == Searcher.FINISHED and chained.equivalents == []
 
 
 def test_optuna_is_deterministic_for_a_seed_and_proposes_only_pruned_candidates(optuna_plan):
