@@ -23,7 +23,8 @@ import sys
 import warnings
 from pathlib import Path
 
-METHODS = ["non-private", "dptune exact", "Opacus ghost", "Opacus hooks"]
+#: "dptune two-pass" is the book-keeping engine forced into its memory fallback (two backward passes).
+METHODS = ["non-private", "dptune exact", "dptune two-pass", "Opacus ghost", "Opacus hooks"]
 
 
 def rss_mib() -> float:

@@ -115,9 +115,11 @@ def make_step(method: str, model: nn.Module, inputs: Inputs, targets: torch.Tens
             nn.functional.cross_entropy(model_outputs(model, inputs), targets).backward()
             opt.step()
     elif method.startswith("dptune "):
-        per_sample = {"exact": "hooks", "vmap": "vmap"}[method.split()[1]]
+        variant = method.split()[1]  # exact (book-keeping), two-pass (its memory fallback, forced), vmap
         engine = DPEngine(model, nn.CrossEntropyLoss(reduction="none"), clip_bound=1.0, noise_multiplier=1.0,
-                          expected_batch_size=batch, per_sample=per_sample)
+                          expected_batch_size=batch, per_sample="vmap" if variant == "vmap" else "hooks")
+        if variant == "two-pass":
+            engine.norms.max_kept_bytes = 0
 
         def step() -> None:
             opt.zero_grad()
