@@ -11,7 +11,10 @@ import json
 import math
 import sys
 import typing
-from typing import Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Sequence, TextIO
+
+if TYPE_CHECKING:
+    from .platform.layout import ExperimentPaths
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -327,6 +330,11 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--address", help="Ray cluster to join, e.g. auto on a cluster's head node [start local Ray]")
     p.add_argument("--storage", help="override the spec's storage: a path, NFS path or s3://bucket/prefix")
     p.add_argument("--quiet", action="store_true", help="no calibration progress bar")
+    p.add_argument("--verbose", action="store_true",
+                   help="Ray Tune's own progress tables and trial boxes [one line per finished trial]")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete an earlier run of the same experiment (its Ray Tune state, store and figures) and "
+                        "start again [refuse: continue it with `dptune resume`, or set a new experiment name]")
     p.set_defaults(handler=run_sweep_command)
 
 
@@ -334,8 +342,31 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     from .platform.sweep import prepare, run_sweep
 
     plan, settings = prepare(args.spec, storage=args.storage, progress=not args.quiet, out=out)
+    _refuse_earlier_run(settings.paths, overwrite=args.overwrite, out=out)
+    settings.verbose = 2 if args.verbose else 0
     outcome = run_sweep(plan, settings, address=args.address, out=out)
     return _report_outcome(outcome, out)
+
+
+def _refuse_earlier_run(paths: "ExperimentPaths", *, overwrite: bool, out: TextIO) -> None:
+    """A store must never mix two runs of one configuration unknowingly: an experiment folder that
+    exists and is not empty is refused (before anything is launched), or deleted with --overwrite."""
+    import pyarrow.fs as pafs
+
+    fs, root = paths.filesystem()
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        return
+    if info.type != pafs.FileType.Directory:
+        raise ValueError(f"experiment folder {paths.root} exists and is not a folder")
+    if not fs.get_file_info(pafs.FileSelector(root, recursive=False)):
+        return  # an empty folder: nothing to mix with
+    if not overwrite:
+        raise ValueError(f"experiment folder {paths.root} already holds a run: continue it with "
+                         f"`dptune resume {paths.root}`, start it again with --overwrite (deletes that run), or give "
+                         "the spec a new `experiment:` name (or --storage)")
+    print(f"dptune: --overwrite: deleting the earlier run in {paths.root}", file=out)
+    fs.delete_dir(root)
 
 
 def _report_outcome(outcome, out: TextIO) -> int:

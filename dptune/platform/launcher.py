@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import ray
 from ray import tune
 
 from .callbacks import StoreCallback
+from .progress import TrialLines
 from .layout import DEFAULT_STORAGE, ExperimentPaths, absolute
 from .trainable import dp_trainable
 
@@ -24,7 +27,7 @@ class RunSettings:
     gpus_per_trial: float = 0.0
     max_failures: int = 2
     max_concurrent: int | None = None
-    verbose: int = 1
+    verbose: int = 0  # Ray Tune's own output (0: none; dptune prints one line per trial); 2 with --verbose
 
     @property
     def paths(self) -> ExperimentPaths:
@@ -32,13 +35,61 @@ class RunSettings:
         return ExperimentPaths.of(self.storage, self.experiment)
 
 
+def ray_token_file() -> Path:
+    """Where Ray reads its authentication token: ``$RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def private_ray_token() -> Path:
+    """Ray's token file, created if missing, readable by its owner alone (file 0600, folder 0700).
+
+    Ray 2.60 writes ``~/.ray/auth_token`` world-readable (0644) when it generates one, and anyone
+    holding the token may run code in the sweep's processes, next to private training data. So
+    the token is created here first, through ``os.open`` with mode 0600 (never readable by others,
+    not even for an instant), and an existing one is made private."""
+    path = ray_token_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    if not path.exists():
+        try:
+            from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+            token = generate_new_authentication_token()
+        except ImportError:  # the module is private to Ray: any long random token will do
+            token = secrets.token_hex(32)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process created it meanwhile: use theirs
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(token)
+    os.chmod(path, 0o600)
+    return path
+
+
+def _token_mode() -> None:
+    """Token authentication on, set explicitly (so Ray does not warn that it turned it on)."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:  # Ray reads its configuration once: refresh it, as Ray's own default-on path does
+        from ray._raylet import Config
+        Config.initialize("")
+    except (ImportError, AttributeError):
+        pass
+
+
 def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> None:
-    """Join ``address`` (e.g. "auto" on a cluster) or start embedded local Ray on 127.0.0.1."""
+    """Join ``address`` (e.g. "auto" on a cluster) or start embedded local Ray on 127.0.0.1: node
+    address 127.0.0.1, no dashboard, token authentication on with a token only its owner can read
+    (:func:`private_ray_token`). Ray's gRPC servers still listen on every interface (Ray 2.60 has
+    no setting for their bind address; see the README's security note)."""
     if ray.is_initialized():
         return
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
+        if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
+            private_ray_token()
+            _token_mode()
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, _node_ip_address="127.0.0.1",
                  logging_level=logging.WARNING, configure_logging=True)
 
@@ -48,13 +99,17 @@ def resourced(settings: RunSettings, function: Callable[[dict], None] = dp_train
     return tune.with_resources(function, {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial})
 
 
-def run_config(settings: RunSettings) -> tune.RunConfig:
-    """Storage, retries, one kept checkpoint per trial and the store callback."""
+def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfig:
+    """Storage, retries, one kept checkpoint per trial, the store callback and, unless Ray Tune's
+    own verbose output is on, one progress line per ended trial (of ``total``)."""
+    callbacks: list[tune.Callback] = [StoreCallback(settings.paths.absolute())]
+    if settings.verbose == 0:
+        callbacks.append(TrialLines(total))
     return tune.RunConfig(
         name=settings.experiment, storage_path=absolute(settings.storage),
         failure_config=tune.FailureConfig(max_failures=settings.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-        callbacks=[StoreCallback(settings.paths.absolute())],
+        callbacks=callbacks,
         verbose=settings.verbose)
 
 

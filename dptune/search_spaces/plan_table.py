@@ -51,8 +51,10 @@ def format_cell(plan: CellPlan, index: int, total: int) -> str:
     return "\n".join(lines)
 
 
-def format_plan(plan: SweepPlan) -> str:
-    """The whole plan: settings, a table per cell and the totals. * marks the recommended B."""
+def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
+    """The whole plan: settings, a table per cell and the totals. * marks the recommended B.
+    ``dry_run`` (`dptune plan`) ends the totals with "Nothing was launched."; a sweep prints the
+    plan it is about to launch without it."""
     space = plan.space
     a, lr, pr = space.axes, space.learning_rate, space.pruning
     dims = [len(a.epsilon), len(a.backbone), len(a.dataset), len(a.epochs)]
@@ -76,7 +78,7 @@ def format_plan(plan: SweepPlan) -> str:
     steps, examples = plan.expected_cost
     approx, upto = ("≈", "≤ ") if space.search.algorithm == "optuna" else ("", "")
     out.append(f"total: {upto}{plan.num_trials} trials, {approx}{_count(steps)} optimizer steps, "
-               f"{approx}{_count(examples)} examples (per-sample gradients). Nothing was launched.")
+               f"{approx}{_count(examples)} examples (per-sample gradients)." + (" Nothing was launched." if dry_run else ""))
     if plan.planning_only_datasets:
         out.append(f"note: {', '.join(plan.planning_only_datasets)} not registered: this spec can be planned, "
                    "not swept.")

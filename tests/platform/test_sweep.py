@@ -25,11 +25,15 @@ def spec(**train):
     return {"train": base, "meta": {"cell": f"digits|mlp|eps={base['epsilon']}"}}
 
 
-def test_sweep_writes_one_row_per_trial_with_the_right_figures(local_ray, tmp_path):
+def test_sweep_writes_one_row_per_trial_with_the_right_figures(local_ray, tmp_path, capsys):
     trials = [spec(epsilon=2.0, clip_bound=0.5), spec(epsilon=8.0, batch_size=400), spec(epsilon=8.0, seed=3)]
     failing = [spec(model="no_such_model"), spec(learning_rate=1e38)]  # raises / loss becomes infinite
     settings = RunSettings(experiment="small", storage=str(tmp_path), max_failures=0, verbose=0)
     run_trials(trials + failing, settings)
+    # the quiet log: one line per ended trial, none of Ray Tune's boxes and tables
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
+    assert len(lines) == 5 and sum(" finished " in l for l in lines) == 3 and sum(" ERRORED " in l for l in lines) == 2
+    assert all("digits|mlp|eps=" in l for l in lines) and sum("acc " in l for l in lines) >= 3
 
     rows = ResultsStore(settings.paths.store).table("trials")
     assert len(rows) == 5 and rows.trial_id.is_unique
