@@ -2,7 +2,8 @@
 
 Layout under ``<storage>/<experiment>/store/`` (see :mod:`.layout`): one folder per table (``trials``, ``epochs``,
 ``gradnorms``). Each finished or errored trial writes one ``trial-<id>.parquet`` file per table —
-written to a hidden temporary name and renamed, so a reader never sees half a file, and keyed by
+written to a hidden temporary name and renamed (on an object store: serialised in full, then
+uploaded as one object, which appears only once complete), so a reader never sees half a file, and keyed by
 trial id, so a resumed trial replaces its rows instead of duplicating them. ``compact`` merges the
 small files into ``part-*.parquet`` files (keeping the newest version of each trial). The views
 read the parts, minus any trial that also has a newer loose file, plus the loose files.
@@ -84,7 +85,21 @@ class ResultsStore:
             pq.write_table(table, tmp, filesystem=self.fs)
             self.fs.move(tmp, final)  # atomic rename on POSIX
         else:
-            pq.write_table(table, final, filesystem=self.fs)  # object stores publish whole objects
+            self._put_object(final, table)
+
+    def _put_object(self, key: str, table: pa.Table) -> None:
+        """Publish a whole Parquet file as one object (S3, GCS: no rename there, and a "move" is a
+        copy then a delete). The file is serialised completely in memory first and only then
+        uploaded: an object becomes visible only when its upload completes (one PUT, or a
+        multipart upload's final commit), so a failed or killed write leaves the previous object
+        (or none), never part of a file. Writing straight to the object stream would not do:
+        pyarrow's Parquet writer closes its sink when serialisation fails, and closing an object
+        stream *publishes* what was written so far."""
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue()
+        with self.fs.open_output_stream(key) as out:
+            out.write(data)
 
     def compact(self) -> dict[str, int]:
         """Merge every table's files into one part (newest version per trial); returns rows kept."""
