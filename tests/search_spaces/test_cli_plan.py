@@ -51,3 +51,14 @@ def test_format_plan_marks_declared_sizes_unsearched_and_empty_cells(catalog, to
     assert "kept *" in text and "kept, not searched" in text and "exceeds_dataset" in text
     assert "note: big not registered: this spec can be planned, not swept." in text
     assert "→ 9 trials (3 C × 1 B × 3 η × 1 seed)" in text
+
+
+def test_the_default_specs_comment_says_how_many_trials_it_runs():
+    import re
+
+    from dptune.platform import spec_sections  # noqa: F401  (the platform's sections)
+
+    default = Path(__file__).parents[2] / "dptune" / "platform" / "specs" / "default.yaml"
+    said = int(re.search(r"(\d+) short trials", default.read_text()).group(1))
+    catalog = trainables_catalog()
+    assert plan_sweep(load_spec(default, catalog), catalog, workers=1).num_trials == said
