@@ -176,18 +176,18 @@ class SweepSearcher(Searcher):
         options = self.plan.space.trial.config()
         return (self.clip_equivalence and self.plan.space.search.algorithm == "grid"
                 and options.get("clip_fn", "flat") == "flat" and math.isfinite(plan.cell.epsilon)
-                and len(self.plan.space.clip_bounds) > 1)
+                and len(plan.clip_bounds) > 1)
 
     def _next_in_chain(self, i: int) -> tuple[str, Indices, _Chain] | None:
         cell = self.plan.cells[i]
         if i not in self._chains:
-            self._chains[i] = [_Chain(b, m, sorted(self.plan.space.clip_bounds, reverse=True))
+            self._chains[i] = [_Chain(b, m, sorted(cell.clip_bounds, reverse=True))
                                for b in cell.searched_batch_sizes for m in self.plan.space.learning_rate.multipliers]
         for chain in self._chains[i]:
             if not chain.running and chain.remaining:
                 c = chain.remaining.pop(0)
                 chain.running = True
-                indices = (self.plan.space.clip_bounds.index(c), cell.searched_batch_sizes.index(chain.batch_size),
+                indices = (cell.clip_bounds.index(c), cell.searched_batch_sizes.index(chain.batch_size),
                            self.plan.space.learning_rate.multipliers.index(chain.multiplier))
                 return self._new_pid(i), indices, chain
         return None
@@ -202,7 +202,7 @@ class SweepSearcher(Searcher):
             for seed, (source, _) in sorted(proposal.clipped.items()):
                 self.equivalents.append({"source": source,
                                          "spec": cell.trial_config(c, chain.batch_size, chain.multiplier, seed)})
-            indices = (self.plan.space.clip_bounds.index(c), proposal.indices[1], proposal.indices[2])
+            indices = (cell.clip_bounds.index(c), proposal.indices[1], proposal.indices[2])
             self._finished[proposal.cell][indices] = mean
         self._issued[proposal.cell] += len(chain.remaining)
         chain.remaining = []
@@ -240,7 +240,7 @@ class SweepSearcher(Searcher):
                 if i not in self._orders:
                     self._orders[i] = cell.configurations()
                 c, b, m = self._orders[i][self._issued[i]]
-                indices = (self.plan.space.clip_bounds.index(c), cell.searched_batch_sizes.index(b),
+                indices = (cell.clip_bounds.index(c), cell.searched_batch_sizes.index(b),
                            self.plan.space.learning_rate.multipliers.index(m))
                 pid = self._new_pid(i)
             self._queue(i, pid, indices)
@@ -265,7 +265,7 @@ class SweepSearcher(Searcher):
         space = self.plan.space
         ci, bi, mi = indices
         batch_sizes = self.plan.cells[cell].searched_batch_sizes
-        return space.clip_bounds[ci], batch_sizes[bi], space.learning_rate.multipliers[mi]
+        return self.plan.cells[cell].clip_bounds[ci], batch_sizes[bi], space.learning_rate.multipliers[mi]
 
     def _ask_optuna(self, cell: int) -> tuple[str, Indices] | None:
         """A new configuration from the cell's TPE, or None once it only repeats known ones."""
@@ -291,7 +291,7 @@ class SweepSearcher(Searcher):
         budget = plan.num_configurations
         sampler = optuna.samplers.TPESampler(seed=plan.sampler_seed(), constant_liar=True, n_startup_trials=
                                              space.search.startup_trials or default_startup_trials(budget))
-        sizes = (len(space.clip_bounds), len(plan.searched_batch_sizes), len(space.learning_rate.multipliers))
+        sizes = (len(plan.clip_bounds), len(plan.searched_batch_sizes), len(space.learning_rate.multipliers))
         start = self._warm_start_point(cell) if space.search.warm_start else None
         inner = OptunaSearch(IndexSpace(sizes), metric=self.metric, mode=self.mode, sampler=sampler,
                              points_to_evaluate=[dict(zip(INDEX_NAMES, start))] if start else None)

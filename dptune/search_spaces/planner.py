@@ -74,9 +74,19 @@ class CellPlan:
         return tuple(row["batch_size"] for row in self.rows if row["searched"])
 
     @cached_property
+    def clip_bounds(self) -> tuple[float, ...]:
+        """The C grid searched in this cell: the spec's, or under ``clip_fn: auto_s`` its largest C
+        only. AUTO-S scales g_i by C/(n_i + γ) and ĝ is normalised by B·C, so the update
+        (Σ g_i/(n_i + γ) + σξ)/B is the same for every C: one C stands for all (data-independent,
+        so no privacy cost)."""
+        if self.space.trial.config().get("clip_fn") == "auto_s":
+            return (max(self.space.clip_bounds),)
+        return self.space.clip_bounds
+
+    @cached_property
     def grid(self) -> tuple[tuple[float, int, float], ...]:
         """Every (C, B, η multiplier) of the pruned space, in a fixed order."""
-        return tuple(itertools.product(self.space.clip_bounds, self.searched_batch_sizes,
+        return tuple(itertools.product(self.clip_bounds, self.searched_batch_sizes,
                                        self.space.learning_rate.multipliers))
 
     @property
@@ -174,6 +184,16 @@ class SweepPlan:
         """(optimizer steps, examples processed) over all trials."""
         costs = [c.expected_cost() for c in self.cells]
         return sum(s for s, _ in costs), sum(e for _, e in costs)
+
+    @property
+    def notes(self) -> list[str]:
+        """What the planner changed about the spec's space, one line each."""
+        collapsed = [c for c in self.cells if len(c.clip_bounds) < len(self.space.clip_bounds)]
+        if not collapsed:
+            return []
+        return [f"clip_fn auto_s: the update (Σ g_i/(n_i+γ) + σξ)/B does not depend on C, so the C grid is "
+                f"collapsed to C = {collapsed[0].clip_bounds[0]:g} (every C would give the same trial; "
+                "data-independent, no privacy cost)"]
 
     @property
     def empty_cells(self) -> list[CellPlan]:

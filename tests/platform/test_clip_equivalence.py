@@ -139,3 +139,20 @@ def test_a_sweep_stores_equivalent_trials_with_their_source_results(tmp_path):
     assert real["accuracy"] == eq.accuracy
     epochs = ResultsStore(settings.paths.store).table("epochs")
     assert sorted(epochs[epochs.trial_id == eq.trial_id].epoch) == [1, 2]
+
+
+def test_under_auto_s_the_planner_collapses_the_clip_axis_and_says_so(catalog):
+    flat, auto = plan_of(catalog), plan_of(catalog, clip_fn="auto_s")
+    assert flat.notes == [] and len(flat.cells[0].grid) == 16
+    assert auto.cells[0].clip_bounds == (10.0,) and len(auto.cells[0].grid) == 4 and auto.num_trials == 4
+    assert "collapsed to C = 10" in auto.notes[0] and "auto_s" in auto.notes[0]
+    handed = drive(SweepSearcher(auto), {})
+    assert {c for _, _, c, _ in handed} == {10.0} and len(handed) == 4
+
+
+def test_auto_s_update_does_not_depend_on_the_clip():
+    """The premise of the collapse, on the real trainer: two C, same trajectory under AUTO-S."""
+    runs = [train(TrainConfig(dataset="digits", model="mlp", epsilon=2.0, epochs=1, batch_size=128, learning_rate=1.0,
+                              clip_bound=c, clip_fn="auto_s", model_options={"hidden": 16}, device="cpu"),
+                  progress=False)[-1] for c in (0.1, 10.0)]
+    assert runs[0]["accuracy"] == runs[1]["accuracy"] and math.isclose(runs[0]["loss"], runs[1]["loss"], rel_tol=1e-5)

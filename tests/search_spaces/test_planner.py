@@ -37,7 +37,7 @@ def test_trial_specs_are_valid_train_configs_with_the_planned_privacy(catalog, t
     cell = plan.cells[0]
     searched = cell.searched_batch_sizes
     assert searched == (5, 10, 20, 40)                     # 100 has T = 4 < min_steps 5; 400 > N
-    assert len(trials) == plan.num_trials == 2 * 3 * len(searched) * 3 * 2
+    assert len(trials) == plan.num_trials == 2 * 1 * len(searched) * 3 * 2   # auto_s: one C stands for every C
     for trial in trials:
         train, meta = trial["train"], trial["meta"]
         cfg = TrainConfig.from_dict(train).validate()     # unknown keys would raise here
