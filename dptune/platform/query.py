@@ -1,26 +1,32 @@
 """`dptune query` and `dptune compact`: SQL over a results store, printed or written to a file."""
 from __future__ import annotations
 
-from typing import TextIO
-
-import pandas as pd
+from typing import TYPE_CHECKING, TextIO
 
 from .layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE, ExperimentPaths
-from .store import ResultsStore
+
+if TYPE_CHECKING:  # imported when a query runs: `dptune --help` needs only the names below
+    import pandas as pd
+
+    from .store import ResultsStore
 
 FORMATS = ("table", "csv", "json", "parquet")
 #: What ``--store`` means when not given: the store of the spec's default storage and experiment.
 DEFAULT_STORE = ExperimentPaths.of(DEFAULT_STORAGE, DEFAULT_EXPERIMENT).store
 
 
-def open_store(path: str) -> ResultsStore:
+def open_store(path: str) -> "ResultsStore":
     """A store from its folder, or from an experiment folder that contains ``store/``."""
+    from .store import ResultsStore
+
     return ResultsStore(ExperimentPaths.find(path).store)
 
 
 def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | None = None,
-              out: TextIO) -> pd.DataFrame:
+              out: TextIO) -> "pd.DataFrame":
     """Run ``sql`` over the views trials/epochs/gradnorms; print a table or write csv/json/parquet."""
+    import pandas as pd
+
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if fmt == "parquet" and not out_file:
@@ -44,8 +50,10 @@ def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | 
     return frame
 
 
-def _readable(frame: pd.DataFrame) -> pd.DataFrame:
+def _readable(frame: "pd.DataFrame") -> "pd.DataFrame":
     """For the table format: ``written_at`` (Unix seconds) as a UTC time, not ``1.796038e+09``."""
+    import pandas as pd
+
     if "written_at" in frame.columns and pd.api.types.is_numeric_dtype(frame["written_at"]):
         frame = frame.assign(written_at=pd.to_datetime(frame["written_at"], unit="s", utc=True)
                              .dt.strftime("%Y-%m-%d %H:%M:%S"))
