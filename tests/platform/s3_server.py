@@ -5,7 +5,7 @@
 Clients are configured the way a user of MinIO or an on-prem S3 configures them: through
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL`` (``http://…`` selects plain
 HTTP) and ``AWS_REGION``, which pyarrow's ``FileSystem.from_uri`` (and so dptune and Ray Tune) read.
-Import the fixture into a test module with ``from s3_server import s3  # noqa: F401``.
+tests/platform/conftest.py makes the fixture available to every platform test.
 """
 from __future__ import annotations
 

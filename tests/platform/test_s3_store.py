@@ -6,7 +6,6 @@ import pytest
 
 from dptune.platform.layout import ExperimentPaths, filesystem
 from dptune.platform.store import ResultsStore
-from s3_server import s3  # noqa: F401  (the fixture)
 
 
 def trial(i: int, accuracy: float) -> dict:

@@ -14,7 +14,6 @@ import pyarrow.fs as pafs
 import yaml
 
 from dptune.platform.store import ResultsStore
-from s3_server import s3  # noqa: F401  (the fixture)
 from test_driver_failure import SPEC, kill_tree
 
 #: the driver-failure spec made smaller (one ε, two epochs): 2 C × 2 B = 4 trials
