@@ -104,6 +104,19 @@ def optimum_lines(optima: pd.DataFrame) -> list[str]:
     return lines
 
 
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    """A table as CSV, with float columns that hold only whole numbers (B, seeds, C = 10) written
+    as whole numbers (``64``, not ``64.0``)."""
+    frame = frame.copy()
+    for column in frame.columns:
+        values = frame[column]
+        if pd.api.types.is_float_dtype(values):
+            finite = values.dropna()
+            if len(finite) and np.isfinite(finite).all() and (finite == np.round(finite)).all():
+                frame[column] = values.astype("Int64")
+    frame.to_csv(path, index=False)
+
+
 def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "epsilon",
                    fixed: tuple[float, float] | None = None, out: TextIO | None = None) -> list[Path]:
     """Heatmaps (PNG and SVG) per facet, the fixed-setting cost chart, and their tables as CSV;
@@ -116,12 +129,12 @@ def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "e
     paths = []
     for facet, fig in heatmap_figures(a):
         paths += figures.save(fig, out / f"heatmap_{_slug(facet)}")
-    a.heatmap.to_csv(out / "heatmap.csv", index=False)
-    a.optima.to_csv(out / "optima.csv", index=False)
+    write_csv(a.heatmap, out / "heatmap.csv")
+    write_csv(a.optima, out / "optima.csv")
     paths += [out / "heatmap.csv", out / "optima.csv"]
     if a.fixed_cost is not None:
         paths += figures.save(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting), out / "fixed_setting_cost")
-        a.fixed_cost.to_csv(out / "fixed_setting_cost.csv", index=False)
+        write_csv(a.fixed_cost, out / "fixed_setting_cost.csv")
         paths.append(out / "fixed_setting_cost.csv")
     return paths
 

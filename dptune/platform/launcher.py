@@ -113,6 +113,11 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
         verbose=settings.verbose)
 
 
+# `dptune resume`: Ray Tune's ResultGrid reads each trial's progress file and warns "Failed to fetch
+# metrics for N trial(s) … FileNotFoundError" for trials that never wrote one (e.g. not started when
+# the driver stopped). dptune never reads those frames (results come from its own store), so the
+# warning says nothing about the resume; errors are still shown.
+logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 # Checkpointing every epoch of many short trials is the point; Ray's warning about it is noise.
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 

@@ -175,3 +175,15 @@ def test_headless_browser_screenshot_is_not_blank(report, tmp_path):
     assert colourful.mean() > 0.02  # the figures were decoded and drawn (without them: about 0.2%)
     rows = drawn.mean(axis=1)
     assert (rows[:600] > 0).mean() > 0.3 and (rows[1500:] > 0).mean() > 0.3  # top and lower parts rendered
+
+
+def test_csv_writes_whole_numbers_as_whole_numbers(tmp_path):
+    import pandas as pd
+
+    from dptune.analysis.report import write_csv
+
+    frame = pd.DataFrame({"batch_size": [64.0, 128.0], "seeds": [1.0, None], "clip_bound": [0.1, 10.0],
+                          "accuracy": [0.5, 0.75], "name": ["a", "b"]})
+    write_csv(frame, tmp_path / "t.csv")
+    assert (tmp_path / "t.csv").read_text().splitlines() == [
+        "batch_size,seeds,clip_bound,accuracy,name", "64,1,0.1,0.5,a", "128,,10.0,0.75,b"]
