@@ -100,11 +100,25 @@ def _write(path: Path, content: dict[str, Any]) -> None:
         pass  # a read-only cache folder: the next plan builds the catalog again
 
 
+class _RealCheck:
+    """A backbone/dataset option check of the real catalog, imported (with torch) only when a spec
+    gives an axis value options: bare names need no builder signatures."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, entry: str, options: dict) -> None:
+        from . import catalog
+
+        getattr(catalog, self.name)(entry, options)
+
+
 def _from_snapshot(content: dict[str, Any], save: Callable[[dict[str, int]], None]) -> Catalog:
     return Catalog(datasets=_collection(content["datasets"]), backbones=_collection(content["backbones"]),
                    dataset_size=_SnapshotSizes(content["sizes"], save),
                    options={k: _collection(v) for k, v in content["options"].items()},
-                   train_fields=tuple(content["train_fields"]) if content["train_fields"] is not None else None)
+                   train_fields=tuple(content["train_fields"]) if content["train_fields"] is not None else None,
+                   check_backbone=_RealCheck("check_backbone"), check_dataset=_RealCheck("check_dataset"))
 
 
 def planning_catalog() -> Catalog:

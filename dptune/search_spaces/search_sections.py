@@ -213,8 +213,9 @@ def _choices(names: Any) -> str:
 
 
 def _check_options(check: Any, kind: str, value: AxisValue, path: str) -> None:
-    """Run the catalog's option check of a backbone or dataset; its ValueError names the option."""
-    if check is None:
+    """Run the catalog's option check of a backbone or dataset (a bare name has nothing to check);
+    its ValueError names the option."""
+    if check is None or not value.options:
         return
     try:
         check(value.name, value.option_dict())

@@ -41,3 +41,24 @@ def test_dptune_plan_sizes_a_dataset_with_options(tmp_path, monkeypatch, capsys)
         out = io.StringIO()
         assert main(["plan", str(path), "--quiet", "--workers", "1"], out=out) == 0
         assert f"dataset=bbc_news[max_length=32] (N={n:,})" in out.getvalue()
+
+
+def test_dptune_plan_refuses_a_bad_backbone_option(tmp_path, monkeypatch, capsys):
+    """The plan's catalog snapshot checks axis options with the real builders (one line, before any
+    calibration)."""
+    import io
+
+    import yaml
+
+    from dptune.cli import main
+
+    monkeypatch.setenv("DPTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    spec = yaml.safe_load(next(p for p in EXAMPLES if p.name == "minilm_bbc_cpu.yaml").read_text())
+    spec["axes"]["backbone"][0]["peft"] = "film"            # lora_rank without LoRA
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(spec))
+    for _ in range(2):                                      # cold, then from the snapshot
+        assert main(["plan", str(bad), "--quiet"], out=io.StringIO()) != 0
+        err = capsys.readouterr().err
+        assert "axes.backbone[0]: model 'all-MiniLM-L6-v2': option(s) lora_rank apply only with peft: lora" in err
+        assert err.count("\n") == 1
