@@ -1,6 +1,7 @@
 """`dptune query` and `dptune compact`: SQL over a results store, printed or written to a file."""
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, TextIO
 
 from .layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE, ExperimentPaths
@@ -11,6 +12,8 @@ if TYPE_CHECKING:  # imported when a query runs: `dptune --help` needs only the 
     from .store import ResultsStore
 
 FORMATS = ("table", "csv", "json", "parquet")
+#: From this many per-trial files on, `dptune query` suggests `dptune compact`.
+LOOSE_HINT = 1000
 #: What ``--store`` means when not given: the store of the spec's default storage and experiment.
 DEFAULT_STORE = ExperimentPaths.of(DEFAULT_STORAGE, DEFAULT_EXPERIMENT).store
 
@@ -31,12 +34,17 @@ def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | 
         raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if fmt == "parquet" and not out_file:
         raise ValueError("format parquet needs --out FILE")
+    store = open_store(store_path)
     try:
-        frame = open_store(store_path).query(sql)
+        frame = store.query(sql)
     except Exception as exc:  # DuckDB parser/binder errors: one line for the user
         if type(exc).__module__.startswith("duckdb") or exc.__class__.__name__.endswith("Exception"):
             raise ValueError(f"query failed: {str(exc).splitlines()[0]}") from exc
         raise
+    loose = store.loose_files("trials")
+    if loose >= LOOSE_HINT:  # every query reads each small file: merging them is the cure
+        print(f"dptune query: note: {loose} uncompacted trial files make queries slow; "
+              f"`dptune compact --store {store_path}` merges them (safe while a sweep runs)", file=sys.stderr)
     if fmt == "table":
         with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
             print(_readable(frame).to_string(index=False), file=out)

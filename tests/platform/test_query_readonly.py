@@ -137,3 +137,14 @@ def test_json_ends_with_a_newline_and_tables_show_written_at_as_a_time(store):
     assert main(["query", "SELECT written_at FROM trials WHERE trial_id = 'a'", "--store", store.path], out=buf) == 0
     expected = dt.datetime.fromtimestamp(stamp, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     assert expected in buf.getvalue() and "e+09" not in buf.getvalue()
+
+
+def test_many_loose_files_bring_a_hint_to_compact(store, monkeypatch, capsys):
+    from dptune.platform import query
+
+    assert main(["query", "SELECT 1 AS x", "--store", store.path], out=io.StringIO()) == 0
+    assert "dptune compact" not in capsys.readouterr().err  # 2 files: no hint
+    monkeypatch.setattr(query, "LOOSE_HINT", 2)
+    assert main(["query", "SELECT 1 AS x", "--store", store.path], out=io.StringIO()) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"`dptune compact --store {store.path}`" in err and "2 uncompacted" in err
