@@ -40,6 +40,15 @@ LOOSE, PART = "trial-", "part-"
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 
 
+#: How long a write to an object store is retried (with backoff) before :class:`StoreWriteError`.
+WRITE_RETRY_S = 60.0
+
+
+class StoreWriteError(OSError):
+    """A store write that failed for good (one line: the store, the file, the reason); nothing of it
+    was published."""
+
+
 class QueryRefused(ValueError):
     """A query that would do more than read the store (one line, naming what was refused)."""
 
@@ -57,6 +66,7 @@ class ResultsStore:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
         self.fs, self.path = filesystem(self.root)
+        self.write_retry_s = WRITE_RETRY_S
         for table in TABLES:
             self.fs.create_dir(f"{self.path}/{table}", recursive=True)
 
@@ -98,8 +108,21 @@ class ResultsStore:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         data = sink.getvalue()
-        with self.fs.open_output_stream(key) as out:
-            out.write(data)
+        delay, deadline = 0.5, time.monotonic() + self.write_retry_s
+        while True:  # an unreachable store (a restart, a network blip) is retried: same bytes, same key
+            try:
+                with self.fs.open_output_stream(key) as out:
+                    out.write(data)
+                return
+            except OSError as exc:
+                if time.monotonic() + delay > deadline:
+                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    raise StoreWriteError(f"results store {self.root} unreachable for {self.write_retry_s:.0f} s: "
+                                          f"writing {key.rsplit('/', 1)[-1]} failed ({reason}); nothing of it "
+                                          "was published: once the store is back, `dptune resume` the "
+                                          "experiment") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 8.0)
 
     def compact(self) -> dict[str, int]:
         """Merge every table's files into one part (newest version per trial); returns rows kept."""
