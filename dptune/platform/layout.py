@@ -39,7 +39,13 @@ def absolute(path: str) -> str:
 
 
 def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem that holds ``path`` and the path inside it."""
+    """The pyarrow filesystem that holds ``path`` and the path inside it.
+
+    ``s3://…`` takes its credentials, region and endpoint from the standard AWS variables
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, and ``AWS_ENDPOINT_URL`` for
+    MinIO and other on-prem stores: ``http://host:port`` selects plain HTTP), read by pyarrow's
+    ``FileSystem.from_uri`` itself, the same call Ray Tune makes for its ``storage_path``: dptune,
+    Ray's experiment state and the trial workers thus reach the same store."""
     if is_uri(path):
         return pafs.FileSystem.from_uri(path)
     return pafs.LocalFileSystem(), path
