@@ -169,7 +169,9 @@ def test_resume_after_a_driver_kill_keeps_the_scheduler_state(local_ray, tmp_pat
     here = str(Path(__file__).parent)
     ray_dir = tempfile.mkdtemp(prefix="rs")
     store = tmp_path / "killed" / "store"
-    env = {**os.environ, "RAY_TMPDIR": ray_dir, "RIGGED_EPOCH_SECONDS": "0.3"}
+    # experiment state saved at every step: with epochs this short and one checkpoint kept per trial,
+    # Ray's default (throttled) state could name a checkpoint already rotated away when the driver dies
+    env = {**os.environ, "RAY_TMPDIR": ray_dir, "RIGGED_EPOCH_SECONDS": "0.5", "TUNE_GLOBAL_CHECKPOINT_S": "0"}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(here=here, storage=str(tmp_path))], env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
