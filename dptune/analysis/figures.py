@@ -140,7 +140,7 @@ def _heatmap_panel(fig: Figure, ax, table: pd.DataFrame, title: str) -> None:
     ax.add_patch(Rectangle((xe[j], ye[i]), xe[j + 1] - xe[j], ye[i + 1] - ye[i], fill=False, edgecolor="#ff2d55",
                            linewidth=2.2))
     ax.text(math.sqrt(xe[j] * xe[j + 1]), math.sqrt(ye[i] * ye[i + 1]),
-            f"★ {acc[i, j]:.3f}\nη={fmt(float(eta[i, j]))}", ha="center", va="center", fontsize=max(size, 7),
+            f"★ {acc[i, j]:.3f}\nη={float(eta[i, j]):.2g}", ha="center", va="center", fontsize=max(size, 7),
             fontweight="bold", color="black" if (acc[i, j] - lo) / (hi - lo) > 0.6 else "white")
 
 

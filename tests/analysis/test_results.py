@@ -159,3 +159,20 @@ def test_awkward_store_single_c_and_b_all_errored_and_nonprivate(tmp_path):
 def test_report_rejects_an_unknown_axis(store):
     with pytest.raises(ValueError, match="--across must be one of"):
         build_report(store, across="colour")
+
+
+def test_heatmap_writes_the_optimums_eta_rounded(tmp_path):
+    """η = η_ref·√(B/B_ref) is irrational: the star's label shows two significant digits."""
+    from dptune.analysis.figures import heatmap_figure
+
+    s = ResultsStore(str(tmp_path / "store"))
+    lr = 1 / math.sqrt(2)  # 0.7071067…
+    for k, (c, b) in enumerate(itertools.product((0.1, 1.0), (32, 64))):
+        s.write_trial(trial(f"t{k}", clip_bound=c, batch_size=b, learning_rate=lr, accuracy=0.5 + 0.1 * k))
+    sweep = Sweep.from_store(s)
+    table = sweep.heatmap_table()
+    cells = table[["cell_name"]].drop_duplicates()
+    fig = heatmap_figure(table, cells, "digits")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any(t.endswith("η=0.71") for t in texts), texts
+    assert not any("0.707107" in t for t in texts)
