@@ -43,7 +43,7 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
                            cpus_per_trial=resources.cpu, gpus_per_trial=resources.gpu,
                            max_failures=spec["failure"], max_concurrent=resources.max_concurrent)
-    print(format_plan(plan), file=out)
+    print(format_plan(plan, dry_run=False), file=out)
     for note in plan.notes:
         print(f"note: {note}", file=out)
     return plan, settings
@@ -63,7 +63,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
                                     num_samples=-1,
                                     scheduler=scheduler, reuse_actors=True,
                                     max_concurrent_trials=settings.max_concurrent),
-        run_config=run_config(settings),
+        run_config=run_config(settings, plan.num_trials),
     )
     _save_settings(settings)
     print(f"dptune: running {plan.num_trials} trials; experiment at {settings.paths.root}\n"
