@@ -9,6 +9,7 @@ tests/platform/conftest.py makes the fixture available to every platform test.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -142,10 +143,10 @@ def started(data_dir: Path | None = None) -> SeaweedS3:
     return server
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory) -> Iterator[SeaweedS3]:
-    """A running SeaweedFS S3 server with a bucket; the AWS variables point at it while it runs."""
-    server = started(tmp_path_factory.mktemp("seaweedfs"))
+@contextlib.contextmanager
+def serving(server: SeaweedS3) -> Iterator[SeaweedS3]:
+    """The AWS variables point at ``server`` inside the block; after it the server is stopped and
+    the variables are as they were."""
     saved = {k: os.environ.get(k) for k in server.env}
     os.environ.update(server.env)
     try:
@@ -157,4 +158,11 @@ def s3(tmp_path_factory) -> Iterator[SeaweedS3]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory) -> Iterator[SeaweedS3]:
+    """A running SeaweedFS S3 server with a bucket; the AWS variables point at it while it runs."""
+    with serving(started(tmp_path_factory.mktemp("seaweedfs"))) as server:
+        yield server
+    shutil.rmtree(server.data_dir, ignore_errors=True)

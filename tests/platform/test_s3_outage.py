@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from dptune.platform.store import ResultsStore, StoreWriteError
-from s3_server import started
+from s3_server import serving, started
 from test_driver_failure import SPEC, kill_tree
 
 N_TRIALS = 8
@@ -24,16 +24,8 @@ N_TRIALS = 8
 @pytest.fixture
 def server(tmp_path):
     """A SeaweedFS server of this test alone (it is stopped and restarted), AWS variables set."""
-    server = started(tmp_path / "seaweedfs")
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    yield server
-    server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with serving(started(tmp_path / "seaweedfs")) as server:
+        yield server
 
 
 def test_a_store_write_waits_for_the_server_to_come_back(server):

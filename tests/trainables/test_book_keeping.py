@@ -22,14 +22,6 @@ RTOL = 1e-6
 SEQ = 10
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def assert_matches_loop(model, x, y, clip, micro=None):
     engine = DPEngine(model, LOSS, clip_bound=clip, noise_multiplier=0.0, expected_batch_size=1.0,
                       max_physical_batch_size=micro)

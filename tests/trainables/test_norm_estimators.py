@@ -17,15 +17,6 @@ from per_example_reference import clipped_sum_loop
 LOSS = nn.CrossEntropyLoss(reduction="none")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small tensors: thread start-up dominates on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def explicit_sq_norms(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     """‖A_iᵀG_i‖² from the materialised per-sample gradients, one example at a time."""
     return torch.stack([(a.T @ g).pow(2).sum() for a, g in zip(A, G)])
