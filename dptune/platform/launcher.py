@@ -100,15 +100,18 @@ def resourced(settings: RunSettings, function: Callable[[dict], None] = dp_train
 
 
 def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfig:
-    """Storage, retries, one kept checkpoint per trial, the store callback and, unless Ray Tune's
-    own verbose output is on, one progress line per ended trial (of ``total``)."""
+    """Storage, retries, two kept checkpoints per trial, the store callback and, unless Ray Tune's
+    own verbose output is on, one progress line per ended trial (of ``total``).
+
+    Two, not one: Ray Tune snapshots the experiment state on a timer, so after a driver kill the
+    snapshot can name the checkpoint before the newest; with one kept it would already be gone."""
     callbacks: list[tune.Callback] = [StoreCallback(settings.paths.absolute())]
     if settings.verbose == 0:
         callbacks.append(TrialLines(total))
     return tune.RunConfig(
         name=settings.experiment, storage_path=absolute(settings.storage),
         failure_config=tune.FailureConfig(max_failures=settings.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         callbacks=callbacks,
         verbose=settings.verbose)
 
