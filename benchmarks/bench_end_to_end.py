@@ -8,15 +8,16 @@ B ∈ {32, 64, 128, 256, 512}, η = 2·√(B/128)·m with m ∈ {0.5, 1} (30 con
   same model on the same split with Opacus 1.6 (``PrivacyEngine.make_private_with_epsilon``,
   Poisson sampling, hooks mode) and reports test accuracy each epoch; ``tune.grid_search`` over
   every configuration.
-- **dptune**: ``dptune sweep`` of the same cell and grid (σ√T plateau and minimum-step pruning),
-  and the same with ASHA early stopping (``search.scheduler: asha``) where the spec accepts it.
+- **dptune**: ``dptune sweep`` of the same cell and grid with the default spec's pruning (σ√T plateau,
+  minimum steps, the two smallest kept B), the same with ASHA early stopping
+  (``search.scheduler: asha``), and ASHA over every B on the plateau (``dptune-asha-all-B``).
 
 Both run on local Ray with 2 concurrent one-CPU trials, one torch thread each. Reported: wall
 seconds from launch to the sweep's end (calibration, Ray start-up and pruning included), trials
 (and trial-epochs) run, the best accuracy, and the speed-up of dptune over the baseline with the
 gap between the two best accuracies (goal: ≥ 5× faster, within 1 point).
 
-    python benchmarks/bench_end_to_end.py [--only baseline|dptune|dptune-asha] [--epochs 8]
+    python benchmarks/bench_end_to_end.py [--only baseline dptune dptune-asha dptune-asha-all-B] [--epochs 8]
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ from pathlib import Path
 EPSILON, DELTA, SEED = 1.0, 1e-5, 0
 CLIPS, BATCHES, MULTIPLIERS = [0.1, 1, 10], [32, 64, 128, 256, 512], [0.5, 1]
 ETA_REF, B_REF = 2.0, 128
+#: dptune runs: the default spec's pruning (the two smallest plateau B), with ASHA, every B on the plateau,
+#: and every B with ASHA.
+RUNS = ["baseline", "dptune", "dptune-asha", "dptune-all-B", "dptune-asha-all-B"]
 
 
 def baseline_trainable(config: dict) -> None:
@@ -98,8 +102,9 @@ def run_baseline(epochs: int, storage: str) -> dict:
                                                                        ("clip_bound", "batch_size", "learning_rate")}}
 
 
-def spec_text(epochs: int, scheduler: bool) -> str:
-    """The cell as a dptune sweep spec (the embedded default's grid, ε = 1 only)."""
+def spec_text(epochs: int, scheduler: bool, capped: bool = True) -> str:
+    """The cell as a dptune sweep spec (the embedded default's grid and pruning, ε = 1 only);
+    ``capped=False`` searches every B on the σ√T plateau, not only the two smallest."""
     search = "search: {algorithm: grid" + (", scheduler: {name: asha, grace_epochs: 1, reduction_factor: 3}}"
                                            if scheduler else "}")
     return f"""experiment: e2e
@@ -107,7 +112,7 @@ axes: {{epsilon: [{EPSILON}], delta: {DELTA}, backbone: [cnn], dataset: [digits]
 clip_bound: {CLIPS}
 batch_size: {BATCHES}
 learning_rate: {{reference: {ETA_REF}, reference_batch_size: {B_REF}, multipliers: {MULTIPLIERS}}}
-pruning: {{min_steps: 20, plateau_tol: 0.1, max_batch_sizes: 2}}
+pruning: {{min_steps: 20, plateau_tol: 0.1{", max_batch_sizes: 2" if capped else ""}}}
 {search}
 seeds: [{SEED}]
 trial: {{optimizer: sgd}}
@@ -115,9 +120,9 @@ resources: {{cpu: 1, gpu: 0}}
 """
 
 
-def run_dptune(epochs: int, storage: str, scheduler: bool) -> dict:
+def run_dptune(epochs: int, storage: str, scheduler: bool, capped: bool = True) -> dict:
     spec = Path(storage) / "spec.yaml"
-    spec.write_text(spec_text(epochs, scheduler))
+    spec.write_text(spec_text(epochs, scheduler, capped))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTUNE_CACHE_DIR": str(Path(storage) / "cache")}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "dptune", "sweep", str(spec), "--storage", storage, "--quiet"],
@@ -127,34 +132,30 @@ def run_dptune(epochs: int, storage: str, scheduler: bool) -> dict:
         raise RuntimeError(f"dptune sweep failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     query = subprocess.run([sys.executable, "-m", "dptune", "query", "--format", "json", "--store",
                             str(Path(storage) / "e2e"),
-                            "SELECT status, accuracy, clip_bound, batch_size, learning_rate, epochs_done "
-                            "FROM trials"], capture_output=True, text=True, env=env)
-    if query.returncode != 0:  # older stores have no epochs_done column
-        query = subprocess.run([sys.executable, "-m", "dptune", "query", "--format", "json", "--store",
-                                str(Path(storage) / "e2e"),
-                                "SELECT status, accuracy, clip_bound, batch_size, learning_rate FROM trials"],
-                               capture_output=True, text=True, env=env)
+                            "SELECT status, accuracy, clip_bound, batch_size, learning_rate, epoch FROM trials"],
+                           capture_output=True, text=True, env=env)
     rows = json.loads(query.stdout)
     finished = [r for r in rows if r["status"] == "finished"]
     best = max(finished, key=lambda r: r["accuracy"])
     return {"wall_s": wall, "trials": len(rows),
-            "trial_epochs": sum(r.get("epochs_done") or epochs for r in rows),
+            "trial_epochs": sum(r["epoch"] or 0 for r in rows),
             "stopped": sum(r["status"] == "stopped" for r in rows), "best_accuracy": best["accuracy"],
             "best_config": {k: best[k] for k in ("clip_bound", "batch_size", "learning_rate")}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["baseline", "dptune", "dptune-asha"], nargs="+")
+    parser.add_argument("--only", choices=RUNS, nargs="+")
     parser.add_argument("--epochs", type=int, default=8)
     args = parser.parse_args()
-    runs = args.only or ["baseline", "dptune", "dptune-asha"]
+    runs = args.only or RUNS
     results = {}
     for name in runs:
         with tempfile.TemporaryDirectory(prefix=f"e2e-{name}-") as storage:
             try:
                 results[name] = (run_baseline(args.epochs, storage) if name == "baseline"
-                                 else run_dptune(args.epochs, storage, scheduler=name == "dptune-asha"))
+                                 else run_dptune(args.epochs, storage, scheduler="asha" in name,
+                                                 capped=not name.endswith("all-B")))
             except Exception as exc:  # e.g. a spec without schedulers: say so, keep the others
                 results[name] = {"error": str(exc).splitlines()[-1][:300]}
         print(name, json.dumps(results[name]), flush=True)
