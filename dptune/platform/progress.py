@@ -7,6 +7,7 @@ import time
 
 from ray import tune
 
+from .callbacks import stopped_early
 from .trial_config import unflatten
 
 
@@ -22,7 +23,7 @@ class TrialLines(tune.Callback):
         self._started.setdefault(trial.trial_id, time.monotonic())
 
     def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
-        self._line(trial, "finished")
+        self._line(trial, "stopped" if stopped_early(trial.last_result) else "finished")
 
     def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
         self._line(trial, "ERRORED")
