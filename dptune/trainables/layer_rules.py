@@ -21,6 +21,7 @@ Hutch++) plug into the linear-like rule.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -105,17 +106,19 @@ def _materialised_rule(per_sample: dict[str, torch.Tensor], form: str, kept: int
     return LayerGrads(sq, clipped, form, kept + _nbytes(*per_sample.values()))
 
 
-class Rule:
+class Rule(ABC):
     """A module family: which modules it handles and how it turns their calls into LayerGrads."""
 
     name = "rule"
 
+    @abstractmethod
     def handles(self, module: nn.Module) -> bool:
-        raise NotImplementedError
+        """Whether this rule knows the algebra of ``module``."""
 
+    @abstractmethod
     def per_sample(self, module: nn.Module, calls: Sequence[Call], names: Sequence[str], ctx: NormContext,
                    batch_size: int) -> LayerGrads:
-        raise NotImplementedError
+        """Per-sample squared norms and the clipped-sum function of ``module``'s trainable ``names``."""
 
 
 class LinearLike(Rule):
