@@ -4,6 +4,7 @@ from __future__ import annotations
 from ray import tune
 
 from ..trainables.config import TrainConfig
+from .kept import KEPT, config_id
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
 from .store import ResultsStore
@@ -38,11 +39,14 @@ class StoreCallback(tune.Callback):
 
     def _write(self, trial: "tune.experiment.Trial", *, status: str, error: str | None = None) -> None:
         last = dict(trial.last_result or {})
+        if last.get(KEPT):  # reported again from the store on resume: its rows are already there
+            return
         state = checkpoint_state(trial.checkpoint)
         history = state["history"] if state else []
         last["history"] = history
         row = trial_row(trial.trial_id, resolved(unflatten(trial.config)), last, status=status, error=error,
                         experiment=self.paths.name)
+        row["config_id"] = config_id(trial.config)
         self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
         if self.store.loose_files("trials") >= self.compact_every:
             self.store.compact()

@@ -26,6 +26,7 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     row["private"] = math.isfinite(float(train.get("epsilon", math.inf)))
     for k in ("noise_multiplier", "sample_rate", "steps", "noise_sqrt_steps"):
         row[k] = last.get(k, meta.get(k))
+    row["step"], row["fully_clipped"] = last.get("step"), last.get("fully_clipped")
     history = last.get("history", [])
     final = history[-1] if history else last  # the checkpointed history is authoritative
     for k in ("epsilon_spent", "accuracy", "loss", "clipped_fraction", "train_time_s", "epoch"):

@@ -6,7 +6,9 @@ written to a hidden temporary name and renamed (on an object store: serialised i
 uploaded as one object, which appears only once complete), so a reader never sees half a file, and keyed by
 trial id, so a resumed trial replaces its rows instead of duplicating them. ``compact`` merges the
 small files into ``part-*.parquet`` files (keeping the newest version of each trial). The views
-read the parts, minus any trial that also has a newer loose file, plus the loose files.
+read every file and keep each configuration's rows from its newest file: a resumed trial's new
+loose file over an older part, a trial Ray Tune restarted under a new id over the errored one, one
+of two parts left holding the same trial by a compaction that was killed.
 
 ``gradnorms`` holds per-class gradient-norm statistics computed from private training examples:
 they are **not** differentially private (column ``nonprivate`` is always true).
@@ -38,6 +40,11 @@ TABLES = ("trials", "epochs", "gradnorms")
 LOOSE, PART = "trial-", "part-"
 #: The statements a query may be: reading, never writing, attaching, loading or configuring.
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+#: Each configuration's rows from its newest file (ties: the last file name), over rows with a
+#: ``filename``. A configuration is its ``config_id`` (rows without one: their trial id), so a trial
+#: Ray Tune restarted under a new id, or ran twice, replaces the rows of the earlier one.
+NEWEST_FILE = ("QUALIFY dense_rank() OVER (PARTITION BY coalesce(config_id, trial_id) "
+               "ORDER BY written_at DESC, filename DESC) = 1")
 
 
 #: How long a write to an object store is retried (with backoff) before :class:`StoreWriteError`.
@@ -72,12 +79,12 @@ class ResultsStore:
 
     # -- writing ---------------------------------------------------------------------------
     def write_trial(self, trial: dict, epochs: Sequence[dict] = (), gradnorms: Sequence[dict] = ()) -> None:
-        """Write (or replace) one trial's rows in all three tables; the trials row goes last."""
-        trial_id = str(trial["trial_id"])
-        written_at = time.time()
+        """Write (or replace) one trial's rows in all three tables; the trials row goes last. Rows
+        carry the trial's ``config_id`` (when it has one): the views show one trial per configuration."""
+        trial_id, config = str(trial["trial_id"]), trial.get("config_id")
+        keys = {"trial_id": trial_id, "config_id": None if config is None else str(config), "written_at": time.time()}
         for table, rows in (("epochs", epochs), ("gradnorms", gradnorms), ("trials", [trial])):
-            rows = [{**{k: _sanitize(v) for k, v in r.items()}, "trial_id": trial_id, "written_at": written_at}
-                    for r in rows]
+            rows = [{**{k: _sanitize(v) for k, v in r.items()}, **keys} for r in rows]
             if table == "gradnorms":
                 rows = [{**r, "nonprivate": True} for r in rows]
             self._write_atomic(f"{self.path}/{table}/{LOOSE}{_safe(trial_id)}.parquet", rows)
@@ -88,7 +95,8 @@ class ResultsStore:
         elif rows:
             table = pa.Table.from_pylist(rows)
         else:
-            table = pa.table({"trial_id": pa.array([], pa.string()), "written_at": pa.array([], pa.float64())})
+            table = pa.table({"trial_id": pa.array([], pa.string()), "config_id": pa.array([], pa.string()),
+                              "written_at": pa.array([], pa.float64())})
         if isinstance(self.fs, pafs.LocalFileSystem):
             directory, name = final.rsplit("/", 1)
             tmp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
@@ -133,12 +141,9 @@ class ResultsStore:
                 kept[table] = -1
                 continue
             stamps = {f.path: (f.mtime_ns, f.size) for f in files}
-            data = pa.concat_tables([pq.read_table(f.path, filesystem=self.fs) for f in files],
-                                    promote_options="permissive")
             with duckdb.connect() as con:
-                con.register("data", data)
-                newest = con.sql("SELECT * FROM data QUALIFY written_at = max(written_at) "
-                                     "OVER (PARTITION BY trial_id)").to_arrow_table()
+                con.register("data", _read_with_filename(self.fs, [f.path for f in files]))
+                newest = con.sql(f"SELECT * EXCLUDE (filename) FROM data {NEWEST_FILE}").to_arrow_table()
             self._write_atomic(f"{self.path}/{table}/{PART}{uuid.uuid4().hex}.parquet", newest)
             for f in self.fs.get_file_info([f.path for f in files]):
                 if (f.mtime_ns, f.size) == stamps[f.path]:  # rewritten meanwhile: keep the newer file
@@ -166,20 +171,16 @@ class ResultsStore:
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         for table in TABLES:
-            loose = [self._reachable(f.path) for f in self._files(table, LOOSE)]
-            parts = [self._reachable(f.path) for f in self._files(table, PART)]
-            if local:
-                loose_sql, parts_sql = _parquet_sql(loose), _parquet_sql(parts)
-            else:  # remote: read with pyarrow's filesystem (DuckDB would need a network extension)
-                loose_sql = _register(con, f"_{table}_loose", self.fs, loose)
-                parts_sql = _register(con, f"_{table}_parts", self.fs, parts)
-            if loose_sql and parts_sql:
-                sql = (f"SELECT * FROM {parts_sql} WHERE trial_id NOT IN (SELECT trial_id FROM {loose_sql}) "
-                       f"UNION ALL BY NAME SELECT * FROM {loose_sql}")
-            else:
-                sql = f"SELECT * FROM {loose_sql or parts_sql}" if (loose_sql or parts_sql) else \
-                    "SELECT NULL::VARCHAR AS trial_id, NULL::DOUBLE AS written_at WHERE false"
-            con.execute(f"CREATE VIEW {table} AS {sql}")
+            paths = [self._reachable(f.path) for f in self._files(table)]
+            source = (_parquet_sql(paths) if local else _register(con, f"_{table}_files", self.fs, paths))
+            if source is None:
+                con.execute(f"CREATE VIEW {table} AS SELECT NULL::VARCHAR AS trial_id, NULL::VARCHAR AS config_id, "
+                            "NULL::DOUBLE AS written_at WHERE false")
+                continue
+            # each configuration's rows from its newest file: a rewritten or restarted trial's file over
+            # an older one, one of two parts holding the same trial (a compaction killed before it
+            # deleted what it merged)
+            con.execute(f"CREATE VIEW {table} AS SELECT * EXCLUDE (filename) FROM {source} {NEWEST_FILE}")
         return con
 
     def _reachable(self, path: str) -> str:
@@ -233,15 +234,21 @@ def _parquet_sql(paths: Iterable[str]) -> str | None:
     if not paths:
         return None
     quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
-    return f"read_parquet([{quoted}], union_by_name=true)"
+    return f"read_parquet([{quoted}], union_by_name=true, filename=true)"
 
 
 def _register(con: duckdb.DuckDBPyConnection, name: str, fs: pafs.FileSystem, paths: list[str]) -> str | None:
     if not paths:
         return None
-    con.register(name, pa.concat_tables([pq.read_table(p, filesystem=fs) for p in paths],
-                                        promote_options="permissive"))
+    con.register(name, _read_with_filename(fs, paths))
     return name
+
+
+def _read_with_filename(fs: pafs.FileSystem, paths: list[str]) -> pa.Table:
+    """Files read by pyarrow as one table with a ``filename`` column (what read_parquet adds)."""
+    tables = [pq.read_table(p, filesystem=fs) for p in paths]
+    tables = [t.append_column("filename", pa.array([p] * t.num_rows, pa.string())) for p, t in zip(paths, tables)]
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def to_json(value: object) -> str:

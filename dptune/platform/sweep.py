@@ -18,11 +18,13 @@ from ..search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
 from . import spec_sections  # noqa: F401  (registers the platform's spec sections)
 from .catalog import trainables_catalog
 from .equivalence import EquivalenceLog, write_equivalent_rows
+from .kept import keeping, kept_results
 from .launcher import RunSettings, resourced, run_config, start_ray
 from .layout import SETTINGS_FILE, ExperimentPaths, absolute
 from .schedulers import build_scheduler
 from .searcher import SweepSearcher
 from .store import ResultsStore
+from .trainable import dp_trainable
 
 DEFAULT_SPEC = Path(__file__).with_name("specs") / "default.yaml"
 
@@ -74,15 +76,17 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
 def resume_sweep(root: str, *, restart_errored: bool = False, address: str | None = None,
                  out: TextIO = sys.stdout, trainable: Callable[[dict], None] | None = None) -> SweepOutcome:
     """Continue an interrupted sweep: unfinished trials resume from their checkpoints, errored
-    ones resume (or restart from scratch), finished ones are kept; the searcher's state is restored."""
+    ones resume (or restart from scratch), finished ones are kept; the searcher's state is restored.
+    A configuration the results store holds as ended is not trained again (see :mod:`.kept`)."""
     paths = ExperimentPaths(root).absolute()
     if not tune.Tuner.can_restore(paths.root):
         raise ValueError(f"no restorable experiment at {root!r}: pass the folder "
                          "<storage>/<experiment> that `dptune sweep` printed")
     start_ray(address)
     settings = _load_settings(paths)
-    tuner = tune.Tuner.restore(paths.root, resourced(settings) if trainable is None else resourced(settings, trainable),
-                               resume_unfinished=True,
+    kept = kept_results(ResultsStore(settings.paths.store))  # what ended, even if Ray's snapshot lags
+    function = keeping(trainable or dp_trainable, kept)
+    tuner = tune.Tuner.restore(paths.root, resourced(settings, function), resume_unfinished=True,
                                resume_errored=not restart_errored, restart_errored=restart_errored)
     print(f"dptune: resuming {paths.root}", file=out)
     return _outcome(tuner.fit(), settings)

@@ -19,6 +19,8 @@ from dptune.privacy import epsilon_spent
 ACCURACY = {0.1: 0.50, 0.2: 0.30, 0.4: 0.74, 0.8: 0.40, 1.6: 0.80, 3.2: 0.60, 6.4: 0.20, 12.8: 0.75}
 SLOPE = 0.01
 CELL_OFFSET = {1.0: 0.0, 4.0: -0.45}
+#: When set, every trial raises this message instead of reporting (read when Ray pickles the trainable).
+FAIL_WITH: str | None = None
 
 
 def accuracy(clip_bound: float, epsilon: float, epoch: int) -> float:
@@ -31,6 +33,8 @@ def epoch_step(epoch: int, steps: int, epochs: float) -> int:
 
 
 def rigged_trainable(config: dict) -> None:
+    if FAIL_WITH is not None:
+        raise RuntimeError(FAIL_WITH)
     spec = unflatten(config)
     train, meta = spec["train"], spec["meta"]
     steps, q, sigma = int(meta["steps"]), float(meta["sample_rate"]), float(meta["noise_multiplier"])

@@ -27,7 +27,15 @@ from test_s3_sweep import N_TRIALS, SMALL
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: What Ray's job server (the dashboard) imports beyond `ray[tune]`: it comes with `ray[default]`.
 DASHBOARD_MODULES = ("aiohttp", "aiohttp_cors", "opencensus", "prometheus_client", "colorful")
-MISSING = [m for m in DASHBOARD_MODULES if importlib.util.find_spec(m) is None]
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (colorful replaces its own entry in sys.modules with an
+    object without ``__spec__`` when imported, so find_spec raises once it is loaded)."""
+    return module in sys.modules or importlib.util.find_spec(module) is not None
+
+
+MISSING = [m for m in DASHBOARD_MODULES if not installed(m)]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"Ray's job server needs ray[default] (missing: "
                                 f"{', '.join(MISSING)}): pip install 'ray[default]'")
 

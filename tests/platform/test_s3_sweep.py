@@ -66,7 +66,10 @@ def test_sweep_kill_resume_query_on_s3(s3, tmp_path):
     assert not (tmp_path / "unused-local").exists() and not (tmp_path / "s3:").exists()
 
     after = ResultsStore(store).table("trials").set_index("trial_id")
-    assert len(after) == N_TRIALS and after.index.is_unique and (after.status == "finished").all()
+    shown = after[["status", "clip_bound", "batch_size", "written_at"]].to_string()
+    assert len(after) == N_TRIALS and after.index.is_unique and (after.status == "finished").all(), \
+        shown + "\nbefore:\n" + before[["status", "clip_bound", "batch_size"]].to_string() + "\n" + \
+        log_path.read_text()[-4000:]
     assert len(after.groupby(["epsilon", "clip_bound", "batch_size"])) == N_TRIALS
     finished_before = before[before.status == "finished"]
     for column in ("accuracy", "train_time_s", "epsilon_spent"):  # kept, not trained again

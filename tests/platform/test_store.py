@@ -42,6 +42,37 @@ def test_compaction_keeps_one_newest_row_per_trial(tmp_path):
     assert len(store.table("epochs")) == 40 and len(store.table("gradnorms")) == 60
 
 
+def test_a_compaction_killed_before_it_deleted_leaves_no_duplicates(tmp_path):
+    store = ResultsStore(str(tmp_path / "store"))
+    for i in range(5):
+        write(store, f"t{i}", i / 10)
+    saved = {t: {n: (tmp_path / "store" / t / n).read_bytes() for n in os.listdir(tmp_path / "store" / t)}
+             for t in ("trials", "epochs", "gradnorms")}
+    store.compact()
+    for table, files in saved.items():       # killed after writing its part: the merged files are still there
+        for name, data in files.items():
+            (tmp_path / "store" / table / name).write_bytes(data)
+        part = next(n for n in os.listdir(tmp_path / "store" / table) if n.startswith("part-"))
+        (tmp_path / "store" / table / ("part-0" + part[5:])).write_bytes((tmp_path / "store" / table / part).read_bytes())
+    assert len(store.table("trials")) == 5 and store.table("trials").trial_id.is_unique
+    assert len(store.table("epochs")) == 10 and len(store.table("gradnorms")) == 15
+    store.compact()                           # and compacting again merges them into one copy
+    assert [len(os.listdir(tmp_path / "store" / t)) for t in ("trials", "epochs", "gradnorms")] == [1, 1, 1]
+    assert len(store.table("trials")) == 5 and len(store.table("epochs")) == 10
+
+
+def test_a_configuration_restarted_under_a_new_trial_id_has_one_row(tmp_path):
+    store = ResultsStore(str(tmp_path / "store"))
+    store.write_trial({"trial_id": "ray-1", "config_id": "cfg-a", "status": "error", "error": "OOM"})
+    store.write_trial({"trial_id": "ray-2", "config_id": "cfg-b", "status": "finished", "accuracy": 0.5})
+    store.write_trial({"trial_id": "ray-3", "config_id": "cfg-a", "status": "finished", "accuracy": 0.8},
+                      [{"epoch": 1, "accuracy": 0.8}])
+    store.write_trial({"trial_id": "equiv-1", "status": "finished", "accuracy": 0.5})  # no config id: by trial
+    trials = store.table("trials").set_index("trial_id")
+    assert sorted(trials.index) == ["equiv-1", "ray-2", "ray-3"] and trials.loc["ray-3", "accuracy"] == 0.8
+    assert list(store.table("epochs").trial_id) == ["ray-3"]
+
+
 def test_many_trials_finishing_at_once_lose_nothing(tmp_path):
     store = ResultsStore(str(tmp_path / "store"))
     threads = [threading.Thread(target=lambda i=i: [write(store, f"w{i}-{j}", 0.5) for j in range(10)])
