@@ -15,8 +15,10 @@ import json
 import pandas as pd
 
 from .callbacks import resolved
+from .kept import config_id
 from .layout import ExperimentPaths
 from .store import ResultsStore, to_json
+from .trial_config import flatten
 
 LOG_FILE = "dptune-equivalent.json"
 
@@ -62,7 +64,8 @@ def write_equivalent_rows(paths: ExperimentPaths) -> int:
         c = float(spec["train"]["clip_bound"])
         row = {k: _plain(v) for k, v in trials.loc[source].items() if k != "written_at"}
         row.update(trial_id=equivalent_id(source, c), status="equivalent", clip_bound=c, equivalent_to=source,
-                   clip_equivalence_nonprivate=True, config_json=to_json(resolved(spec)))
+                   clip_equivalence_nonprivate=True, config_json=to_json(resolved(spec)),
+                   config_id=config_id(flatten(spec)))  # its own configuration, not its source's
         curve = [{k: _plain(v) for k, v in r.items() if k not in ("trial_id", "written_at")}
                  for r in epochs[epochs.trial_id == source].to_dict("records")]
         store.write_trial(row, curve)
