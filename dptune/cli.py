@@ -40,17 +40,25 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _true_false(text: str) -> bool:
+    value = {"true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false; got {text!r}")
+    return value
+
+
 def _train_flag(field: dataclasses.Field, annotation: object) -> tuple[tuple[str, ...], dict]:
     """The flags and ``add_argument`` keywords of one TrainConfig field: type from its annotation
     (``X | None`` as X), choices from its registry, help from its metadata, default from the field."""
     kinds = [a for a in (typing.get_args(annotation) or (annotation,)) if a is not type(None)]
     kind = kinds[0] if len(kinds) == 1 else str
-    parse = {float: _float_or_inf, int: int, str: str, dict: _json_object}[kind]
+    many = kind is list  # a list of names (``diagnostics``): the flag takes several
+    parse = {float: _float_or_inf, int: int, str: str, dict: _json_object, bool: _true_false, list: str}[kind]
     default = field.default_factory() if field.default is dataclasses.MISSING else field.default
     text = field.metadata.get("help", "").replace("%", "%%")
     if not text.endswith("]"):
         text += " [none]" if default is None else " [%(default)s]"
-    kwargs = {"dest": field.name, "type": parse, "default": default, "help": text}
+    kwargs = {"dest": field.name, "type": parse, "default": default, "help": text, **({"nargs": "*"} if many else {})}
     if field.metadata.get("choices") is not None:
         kwargs["choices"] = list(field.metadata["choices"])  # a registry's names (or a tuple's items)
     return (*TRAIN_ALIASES.get(field.name, ()), "--" + field.name.replace("_", "-")), kwargs

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
-from .names import (CLIP_FN_NAMES, DEFAULT_KAPPA, DENOISER_NAMES, NORM_ENGINE_NAMES, OPTIMIZER_NAMES,
-                    PEFT_METHOD_NAMES)
+from .names import (CLIP_FN_NAMES, DEFAULT_KAPPA, DENOISE_SCOPE_NAMES, DENOISER_NAMES, DIAGNOSTIC_NAMES,
+                    NORM_ENGINE_NAMES, OPTIMIZER_NAMES, PEFT_METHOD_NAMES)
 
 
 def option(default: Any, help: str, *, choices: Collection[str] | None = None) -> Any:
@@ -46,6 +46,13 @@ class TrainConfig:
                                        "shrinkage; post-processing, no privacy cost)", choices=DENOISER_NAMES)
     denoise_kappa: float = option(DEFAULT_KAPPA, "RMT gate κ: a layer is denoised only if its top singular value "
                                                  "exceeds κ times the noise bulk edge s(√m+√n)")
+    denoise_norm_correction: bool = option(True, "RMT: rescale the denoised matrix to ‖ĝ‖_F (the paper's norm "
+                                                 "correction); false keeps the shrunk matrix (an ablation)")
+    denoise_scope: str = option("all", "which 2-D parameters are denoised: all, or lora (LoRA factors only)",
+                                choices=DENOISE_SCOPE_NAMES)
+    diagnostics: list = field(default_factory=list, metadata={
+        "help": "non-private diagnostics (denoise_cosine: per step and 2-D layer, cosine of ĝ and of its "
+                "denoised version to the clipped mean before noise; NOT private)", "choices": DIAGNOSTIC_NAMES})
     max_physical_batch_size: int | None = option(None, "split logical batches into micro-batches of this size "
                                                        "(memory only; same result)")
     seed: int = option(0, "seed of the data split, the model, the batches and the noise")
@@ -85,7 +92,7 @@ class TrainConfig:
         need(self.momentum >= 0, "momentum", ">= 0")
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
-            if choices is not None:
+            if choices is not None and f.name != "diagnostics":
                 value = getattr(self, f.name)
                 optional = f.default is None
                 need((optional and value is None) or value in choices, f.name,
@@ -96,6 +103,10 @@ class TrainConfig:
              f"one with an accountant: {', '.join(NORM_ESTIMATORS)}")
         need(math.isfinite(self.denoise_kappa) and self.denoise_kappa >= 1, "denoise_kappa",
              ">= 1 (the gate sits at κ times the noise bulk edge)")
+        need(isinstance(self.denoise_norm_correction, bool), "denoise_norm_correction", "true or false")
+        need(isinstance(self.diagnostics, (list, tuple)) and all(d in DIAGNOSTIC_NAMES for d in self.diagnostics),
+             "diagnostics", f"a list of names from: {', '.join(DIAGNOSTIC_NAMES)}")
+        need(not self.diagnostics or self.private, "diagnostics", "empty for a non-private run (ε = inf)")
         need(self.max_physical_batch_size is None or self.max_physical_batch_size >= 1,
              "max_physical_batch_size", "None or >= 1")
         need(self.noise_multiplier is None or self.noise_multiplier >= 0, "noise_multiplier", "None or >= 0")

@@ -93,8 +93,11 @@ def _check(noise_std: float, kappa: float) -> None:
         raise ValueError(f"kappa must be >= 1 (the gate sits at κ times the noise bulk edge); got {kappa!r}")
 
 
-def rmt_denoise_batch(grads: torch.Tensor, noise_std: float, kappa: float = DEFAULT_KAPPA) -> BatchDenoised:
-    """Denoise a stack of same-shape gradient matrices [k, m, n] with one batched SVD."""
+def rmt_denoise_batch(grads: torch.Tensor, noise_std: float, kappa: float = DEFAULT_KAPPA, *,
+                      norm_correction: bool = True) -> BatchDenoised:
+    """Denoise a stack of same-shape gradient matrices [k, m, n] with one batched SVD.
+
+    ``norm_correction=False`` (an ablation) returns the shrunk matrix X̂ itself, not X̂·‖ĝ‖/‖X̂‖."""
     _check(noise_std, kappa)
     if grads.dim() != 3:
         raise ValueError(f"grads must be a [k, m, n] stack of matrices; got shape {tuple(grads.shape)}")
@@ -108,7 +111,7 @@ def rmt_denoise_batch(grads: torch.Tensor, noise_std: float, kappa: float = DEFA
     passed = (sv[:, 0] > kappa * bulk_edge(noise_std, m, n)) & (eta_norm > 0)  # [k]
     # Norm correction: X̂·‖ĝ‖/‖X̂‖, so the denoised matrix keeps ĝ's Frobenius norm.
     scale = torch.where(passed, grad_norm / torch.where(passed, eta_norm, torch.ones_like(eta_norm)),
-                        torch.zeros_like(eta_norm))  # [k]
+                        torch.zeros_like(eta_norm)) if norm_correction else torch.ones_like(eta_norm)  # [k]
     coef = (eta * scale[:, None]).to(work.dtype)  # [k, r]
     rebuilt = ((U * coef[:, None, :]) @ Vh).to(grads.dtype)  # [k, m, n]
     denoised = torch.where(passed[:, None, None], rebuilt, grads)  # [k, m, n]
@@ -118,7 +121,8 @@ def rmt_denoise_batch(grads: torch.Tensor, noise_std: float, kappa: float = DEFA
     return BatchDenoised(denoised, passed, shrinkage, rank)
 
 
-def rmt_denoise(grad: torch.Tensor, noise_std: float, kappa: float = DEFAULT_KAPPA) -> torch.Tensor:
+def rmt_denoise(grad: torch.Tensor, noise_std: float, kappa: float = DEFAULT_KAPPA, *,
+                norm_correction: bool = True) -> torch.Tensor:
     """Denoise one 2-D gradient ĝ [m, n] whose entries carry i.i.d. noise of std ``noise_std``.
 
     Returns ĝ unchanged when its top singular value is at most κ·s(√m+√n); otherwise the optimal
@@ -130,18 +134,19 @@ def rmt_denoise(grad: torch.Tensor, noise_std: float, kappa: float = DEFAULT_KAP
     """
     if grad.dim() != 2:
         raise ValueError(f"grad must be a 2-D matrix; got shape {tuple(grad.shape)}")
-    return rmt_denoise_batch(grad.unsqueeze(0), noise_std, kappa).denoised[0]
+    return rmt_denoise_batch(grad.unsqueeze(0), noise_std, kappa, norm_correction=norm_correction).denoised[0]
 
 
-def rmt_denoise_matrices(grads: Mapping[str, torch.Tensor], noise_std: float, *,
-                         kappa: float = DEFAULT_KAPPA) -> tuple[dict[str, torch.Tensor], dict]:
+def rmt_denoise_matrices(grads: Mapping[str, torch.Tensor], noise_std: float, *, kappa: float = DEFAULT_KAPPA,
+                         norm_correction: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
     """Denoise named 2-D gradients, one batched SVD per group of equal (shape up to transpose,
     dtype, device); the ``denoise="rmt"`` entry of the engine's ``DENOISERS``.
 
     Returns the denoised matrices (same names and shapes) and the step's statistics:
     ``layers``, ``passed_gate`` (layers that cleared the gate), ``mean_shrinkage`` (mean over those
     of ‖X̂‖_F/‖ĝ‖_F before norm correction; nan when none passed) and ``mean_rank`` (mean number of
-    singular pairs kept; nan when none passed).
+    singular pairs kept; nan when none passed), and ``per_layer``: {name: (passed, rank, shrinkage)}
+    tensors on the gradients' device, for the non-private cosine diagnostic.
     """
     _check(noise_std, kappa)
     groups: dict[tuple, list[str]] = {}
@@ -151,20 +156,22 @@ def rmt_denoise_matrices(grads: Mapping[str, torch.Tensor], noise_std: float, *,
         m, n = sorted(g.shape)  # m×n and n×m matrices share a batch (the formulas are symmetric in m, n)
         groups.setdefault((m, n, g.dtype, g.device), []).append(name)
     out: dict[str, torch.Tensor] = {}
+    per_layer: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     passed, shrinkage, rank = [], [], []  # per group: [k] gate flags; [k_passed] of the gated layers
     for (m, n, _, _), names in groups.items():
         flip = [grads[name].shape[0] != m for name in names]
         stack = torch.stack([grads[name].T if f else grads[name] for name, f in zip(names, flip)])  # [k, m, n]
-        result = rmt_denoise_batch(stack, noise_std, kappa)
+        result = rmt_denoise_batch(stack, noise_std, kappa, norm_correction=norm_correction)
         for i, (name, f) in enumerate(zip(names, flip)):
             out[name] = result.denoised[i].T.contiguous() if f else result.denoised[i]
+            per_layer[name] = (result.passed[i], result.rank[i], result.shrinkage[i])
         passed.append(result.passed.cpu())
         shrinkage.append(result.shrinkage[result.passed].cpu())
         rank.append(result.rank[result.passed].cpu().double())
     n_layers, n_passed = len(grads), int(sum(int(p.sum()) for p in passed))
     stats = {"layers": n_layers, "passed_gate": n_passed,
              "mean_shrinkage": float(torch.cat(shrinkage).mean()) if n_passed else math.nan,
-             "mean_rank": float(torch.cat(rank).mean()) if n_passed else math.nan}
+             "mean_rank": float(torch.cat(rank).mean()) if n_passed else math.nan, "per_layer": per_layer}
     return out, stats
 
 
@@ -183,3 +190,59 @@ def epoch_denoise_metrics(steps: Sequence[dict]) -> dict:
                                    if passed else math.nan),
         "denoise_mean_rank": sum(s["mean_rank"] * s["passed_gate"] for s in gated) / passed if passed else math.nan,
     }
+
+
+#: Keys of the epoch metrics of the ``denoise_cosine`` diagnostic; the ``nonprivate_`` prefix says
+#: that they are computed from the clipped mean before noise, i.e. from private examples.
+COSINE_METRICS = ("nonprivate_cos_noisy", "nonprivate_cos_denoised", "nonprivate_cos_gain",
+                  "nonprivate_cos_improved", "nonprivate_cos_gate_rate", "nonprivate_cos_rank",
+                  "nonprivate_cos_shrinkage")
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """cos(a, b) in float64; nan when either is zero (e.g. an empty Poisson batch)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    denom = float(a.norm() * b.norm())
+    return float(a @ b) / denom if denom > 0 else math.nan
+
+
+def cosine_diagnostic(noisy: Mapping[str, torch.Tensor], denoised: Mapping[str, torch.Tensor],
+                      clean: Mapping[str, torch.Tensor], per_layer: Mapping[str, tuple]) -> list[dict]:
+    """Per 2-D layer of one step: cos(ĝ, ḡ), cos(denoised, ḡ), their difference, the gate, kept rank
+    and shrinkage, with ḡ the same step's clipped sum before noise (on ĝ's scale, Σ c_i g_i/(BC)).
+
+    This tests the claim of "Re-examining low-rank adaptation for private LLM fine-tuning" that the
+    cosine to the signal never decreases once the gate opens. ḡ is computed from private examples:
+    the result is NOT differentially private.
+    """
+    rows = []
+    for name, (passed, rank, shrinkage) in per_layer.items():
+        cos_noisy = _cosine(noisy[name], clean[name])
+        cos_denoised = _cosine(denoised[name], clean[name])
+        rows.append({"layer": name, "cos_noisy": cos_noisy, "cos_denoised": cos_denoised,
+                     "gain": cos_denoised - cos_noisy, "passed": bool(passed), "rank": int(rank),
+                     "shrinkage": float(shrinkage)})
+    return rows
+
+
+def epoch_cosine_metrics(steps: Sequence[Sequence[dict]]) -> dict:
+    """Aggregate the per-step, per-layer rows of :func:`cosine_diagnostic` into epoch metrics.
+
+    Over (layer, step) pairs with a defined cosine: ``nonprivate_cos_noisy`` / ``_denoised`` (means),
+    ``_gate_rate`` (share of pairs whose gate opened); over the gate-open pairs: ``_gain`` (mean of
+    cos(denoised, ḡ) − cos(ĝ, ḡ)), ``_improved`` (share with a positive gain), ``_rank`` and
+    ``_shrinkage`` (means); nan where there is nothing to average. NOT differentially private.
+    """
+    rows = [r for step in steps for r in step if not math.isnan(r["cos_noisy"])]
+    gated = [r for r in rows if r["passed"]]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else math.nan
+
+    return {"nonprivate_cos_noisy": mean([r["cos_noisy"] for r in rows]),
+            "nonprivate_cos_denoised": mean([r["cos_denoised"] for r in rows]),
+            "nonprivate_cos_gain": mean([r["gain"] for r in gated]),
+            "nonprivate_cos_improved": mean([float(r["gain"] > 0) for r in gated]),
+            "nonprivate_cos_gate_rate": len(gated) / len(rows) if rows else math.nan,
+            "nonprivate_cos_rank": mean([float(r["rank"]) for r in gated]),
+            "nonprivate_cos_shrinkage": mean([r["shrinkage"] for r in gated])}

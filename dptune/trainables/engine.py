@@ -10,14 +10,14 @@ quantiles) are computed from private examples and are **not** differentially pri
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 from .batching import Inputs, batch_len, micro_batches
 from .clip_factors import CLIP_FNS, clip_factors
-from .denoise import DEFAULT_KAPPA, rmt_denoise_matrices
+from .denoise import DEFAULT_KAPPA, cosine_diagnostic, rmt_denoise_matrices
 from .norm_stats import class_norm_statistics
 from ..registry import Registry
 from .book_keeping import book_keeping_engine
@@ -37,6 +37,16 @@ EXACT_ENGINES.register("vmap", VmapNormEngine)
 #: -> ({name: denoised matrix}, step statistics). They see the privatised ĝ and nothing per-sample.
 DENOISERS: Registry[Callable[..., tuple[dict[str, torch.Tensor], dict]]] = Registry("denoise")
 DENOISERS.register("rmt", rmt_denoise_matrices)
+#: Which 2-D parameters a denoiser sees (``denoise_scope``), by parameter name: all of them, or the
+#: LoRA factors only (peft names them ``…lora_A…``/``…lora_B…``), an ablation of the paper's setting.
+DENOISE_SCOPES: Registry[Callable[[str], bool]] = Registry("denoise_scope")
+DENOISE_SCOPES.register("all", lambda name: True)
+DENOISE_SCOPES.register("lora", lambda name: "lora_A" in name or "lora_B" in name)
+#: Non-private diagnostics (``diagnostics``). ``denoise_cosine``: per step and 2-D layer, the cosine of
+#: ĝ and of its denoised version to the clipped mean before noise (without ``denoise`` set, of what
+#: ``rmt`` would have made of ĝ; the step itself is left as it is).
+DIAGNOSTICS: Registry[Callable[..., list[dict]]] = Registry("diagnostics")
+DIAGNOSTICS.register("denoise_cosine", cosine_diagnostic)
 
 
 class DPEngine:
@@ -48,7 +58,8 @@ class DPEngine:
     σ comes from ``dptune.privacy.calibrate_noise`` for the same q, steps and norm estimator.
     ``generator`` drives the Gaussian noise (seed it for reproducible runs). ``denoise`` names a
     ``DENOISERS`` entry applied to the 2-D parameters' ĝ (post-processing, no privacy cost) with
-    gate factor ``denoise_kappa``. ``per_sample`` picks the implementation of exact norms:
+    gate factor ``denoise_kappa``, norm correction ``denoise_norm_correction`` and the 2-D parameters
+    of ``denoise_scope``. ``diagnostics`` names ``DIAGNOSTICS`` entries (NOT private). ``per_sample`` picks the implementation of exact norms:
     ``hooks`` (book-keeping, the default) or ``vmap`` (the whole-model reference, for tests).
     """
 
@@ -56,7 +67,8 @@ class DPEngine:
                  expected_batch_size: float, norm_estimator: str = "exact", sketch_k: int | None = None,
                  denoise: str | None = None, clip_fn: str = "flat", max_physical_batch_size: int | None = None,
                  generator: torch.Generator | None = None, denoise_kappa: float = DEFAULT_KAPPA,
-                 per_sample: str = "hooks") -> None:
+                 per_sample: str = "hooks", denoise_norm_correction: bool = True, denoise_scope: str = "all",
+                 diagnostics: Sequence[str] = ()) -> None:
         if not clip_bound > 0:
             raise ValueError(f"clip_bound must be > 0; got {clip_bound!r}")
         if not noise_multiplier >= 0:
@@ -71,6 +83,9 @@ class DPEngine:
             raise ValueError(f"denoise must be one of {allowed}; got {denoise!r}")
         if not denoise_kappa >= 1:
             raise ValueError(f"denoise_kappa must be >= 1; got {denoise_kappa!r}")
+        in_scope = DENOISE_SCOPES.get(denoise_scope)
+        for name in diagnostics:
+            DIAGNOSTICS.get(name)
         if max_physical_batch_size is not None and max_physical_batch_size < 1:
             raise ValueError(f"max_physical_batch_size must be >= 1 or None; got {max_physical_batch_size!r}")
         check_model(model)
@@ -82,6 +97,12 @@ class DPEngine:
         self.clip_fn = clip_fn
         self.denoise = denoise
         self.denoise_kappa = float(denoise_kappa)
+        self.denoise_norm_correction = bool(denoise_norm_correction)
+        self.diagnostics = tuple(diagnostics)
+        self.denoised_names = [n for n, p in self.params.items() if p.dim() == 2 and in_scope(n)]
+        if (denoise is not None or self.diagnostics) and not self.denoised_names:
+            raise ValueError(f"denoise_scope={denoise_scope!r} selects no 2-D trainable parameter of this model "
+                             f"(allowed: {', '.join(DENOISE_SCOPES)}; 'lora' needs LoRA factors)")
         self.max_physical_batch_size = max_physical_batch_size
         self.generator = generator
         build = EXACT_ENGINES.get(per_sample) if norm_estimator == "exact" else NORM_ENGINES.get(norm_estimator)
@@ -97,12 +118,17 @@ class DPEngine:
         """
         sums, norms = self.clipped_sum(inputs, targets)
         private = self.normalise(self.add_noise(sums))
-        private, denoise_stats = self.denoised(private)
+        denoised, denoise_stats = self.denoised(private)
         for name, p in self.params.items():
-            p.grad = private[name].to(p.dtype)
+            p.grad = denoised[name].to(p.dtype)
         stats = self._statistics(norms, targets)
         if denoise_stats is not None:
             stats["denoise"] = denoise_stats
+        if "denoise_cosine" in self.diagnostics:  # NOT private: reads the clipped sum before noise
+            if denoise_stats is None:  # what rmt would have made of ĝ; the step above is plain
+                denoised, denoise_stats = self.denoised(private, "rmt")
+            stats["denoise_cosine"] = cosine_diagnostic(private, denoised, self.normalise(sums),
+                                                        denoise_stats["per_layer"])
         return stats
 
     def clipped_sum(self, inputs: Inputs, targets: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -131,14 +157,18 @@ class DPEngine:
         scale = 1.0 / (self.expected_batch_size * self.clip_bound)
         return {name: s * scale for name, s in noisy.items()}
 
-    def denoised(self, private: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict | None]:
-        """ĝ with the 2-D parameters denoised (post-processing: the denoiser sees ĝ and the noise std
-        per entry σ/B, nothing per-sample), and the denoiser's statistics; unchanged without one."""
-        if self.denoise is None:
+    def denoised(self, private: dict[str, torch.Tensor],
+                 denoise: str | None = None) -> tuple[dict[str, torch.Tensor], dict | None]:
+        """ĝ with the 2-D parameters of ``denoise_scope`` denoised (post-processing: the denoiser sees
+        ĝ and the noise std per entry σ/B, nothing per-sample), and the denoiser's statistics;
+        unchanged without one. ``denoise`` overrides the engine's denoiser (the diagnostic's use)."""
+        denoise = denoise or self.denoise
+        if denoise is None:
             return private, None
-        matrices = {n: g.detach() for n, g in private.items() if g.dim() == 2}
+        matrices = {n: private[n].detach() for n in self.denoised_names}
         entry_std = self.noise_multiplier / self.expected_batch_size
-        denoised, stats = DENOISERS.get(self.denoise)(matrices, entry_std, kappa=self.denoise_kappa)
+        denoised, stats = DENOISERS.get(denoise)(matrices, entry_std, kappa=self.denoise_kappa,
+                                                 norm_correction=self.denoise_norm_correction)
         return {**private, **denoised}, stats
 
     def _gaussian_like(self, t: torch.Tensor) -> torch.Tensor:

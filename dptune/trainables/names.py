@@ -12,5 +12,9 @@ CLIP_FN_NAMES = ("flat", "auto_s")
 NORM_ENGINE_NAMES = ("exact", "hutchinson", "hutchpp")
 DENOISER_NAMES = ("rmt",)
 PEFT_METHOD_NAMES = ("film", "lora", "head", "full")
+#: Which 2-D gradients a denoiser sees (``engine.DENOISE_SCOPES``): every 2-D parameter, or LoRA factors only.
+DENOISE_SCOPE_NAMES = ("all", "lora")
+#: Non-private diagnostics a run may compute (``engine.DIAGNOSTICS``).
+DIAGNOSTIC_NAMES = ("denoise_cosine",)
 #: RMT gate κ (``denoise.DEFAULT_KAPPA``).
 DEFAULT_KAPPA = 1.02

@@ -23,7 +23,7 @@ from .batching import model_outputs, to_device
 from .config import TrainConfig
 from .data import DATASETS, DatasetSplits, load_dataset, take
 from .splits import with_validation
-from .denoise import epoch_denoise_metrics
+from .denoise import epoch_cosine_metrics, epoch_denoise_metrics
 from .engine import DPEngine
 from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
@@ -132,7 +132,9 @@ class Trainer:
                                    noise_multiplier=self.plan.noise_multiplier, expected_batch_size=cfg.batch_size,
                                    norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k, denoise=cfg.denoise,
                                    clip_fn=cfg.clip_fn, max_physical_batch_size=cfg.max_physical_batch_size,
-                                   generator=self.noise_generator, denoise_kappa=cfg.denoise_kappa)
+                                   generator=self.noise_generator, denoise_kappa=cfg.denoise_kappa,
+                                   denoise_norm_correction=cfg.denoise_norm_correction,
+                                   denoise_scope=cfg.denoise_scope, diagnostics=cfg.diagnostics)
         self.step = 0
         self.epoch = 0
         self.train_time_s = 0.0
@@ -149,9 +151,9 @@ class Trainer:
     def done(self) -> bool:
         return self.step >= self.plan.steps
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict | None] | None:
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict | None, list | None] | None:
         """One optimizer step on a Poisson batch; returns (norms, labels, denoise statistics or
-        None) when private."""
+        None, the denoise_cosine diagnostic's rows or None) when private."""
         idx = self.sampler.sample()
         x, y = take(self.data.train, idx)
         x, y = to_device(x, self.device), y.to(self.device)
@@ -159,7 +161,7 @@ class Trainer:
         out = None
         if self.engine is not None:
             stats = self.engine.private_gradient(x, y)
-            out = (stats["norms"].cpu(), y.cpu(), stats.get("denoise"))
+            out = (stats["norms"].cpu(), y.cpu(), stats.get("denoise"), stats.get("denoise_cosine"))
             self.optimizer.step()
         elif len(y):  # non-private baseline: plain mean loss over the realised batch
             nn.functional.cross_entropy(model_outputs(self.model, x), y).backward()
@@ -171,7 +173,7 @@ class Trainer:
         """Train to the end of the next epoch, evaluate, and return the epoch's metrics."""
         self.epoch += 1
         start = time.perf_counter()
-        norms, labels, denoised = [], [], []
+        norms, labels, denoised, cosines = [], [], [], []
         while self.step < self.epoch_end_step(self.epoch):
             result = self.train_step()
             if result is not None:
@@ -179,6 +181,8 @@ class Trainer:
                 labels.append(result[1])
                 if result[2] is not None:
                     denoised.append(result[2])
+                if result[3] is not None:
+                    cosines.append(result[3])
             if progress is not None:
                 progress.update(1)
         self.train_time_s += time.perf_counter() - start
@@ -203,6 +207,8 @@ class Trainer:
                                                                     histogram=True)
             if self.cfg.denoise is not None:
                 metrics.update(epoch_denoise_metrics(denoised))
+            if "denoise_cosine" in self.cfg.diagnostics:  # NOT private: cosines to the pre-noise clipped mean
+                metrics.update(epoch_cosine_metrics(cosines))
         else:
             metrics["epsilon_spent"] = math.inf
         return metrics

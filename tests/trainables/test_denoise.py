@@ -246,7 +246,7 @@ def test_engine_calls_denoiser_with_only_the_private_gradient_and_noise_std(monk
     result = engine(rec_model, "recording", denoise_kappa=1.1).private_gradient(x, y)
     assert len(calls) == 1 and result["denoise"]["layers"] == 2
     matrices, noise_std, options = calls[0]
-    assert options == {"kappa": 1.1}
+    assert options == {"kappa": 1.1, "norm_correction": True}
     assert noise_std == pytest.approx(0.3 / 64)  # s = σ/B
     assert set(matrices) == {"3.weight", "5.weight"}  # the 2-D parameters only
     plain = grads_of(plain_model)
