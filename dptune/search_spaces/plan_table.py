@@ -46,9 +46,27 @@ def format_cell(plan: CellPlan, index: int, total: int) -> str:
         shape = f"{search.algorithm}: {plan.num_configurations} of {shape} = {len(plan.grid)}"
     seeds = len(plan.space.seeds)
     approx, upto = ("≈", "≤ ") if search.algorithm == "optuna" else ("", "")  # TPE may converge early
+    if plan.private:
+        lines += _selection_lines(plan)
     lines.append(f"  → {upto}{plan.num_trials} trials ({shape} × {seeds} seed{'s' if seeds > 1 else ''}); "
                  f"{approx}{_count(steps)} steps, {approx}{_count(examples)} examples")
     return "\n".join(lines)
+
+
+def _selection_lines(plan: CellPlan) -> list[str]:
+    """Private selection: K drawn, the score noise, and per searched B the per-trial ε beside the total."""
+    selection = plan.space.selection
+    law = selection.trial_count()
+    shape = f", η={law.shape:g}" if law.distribution == "truncated_negative_binomial" else ""
+    lines = [f"  private selection: K ~ {law.distribution}(mean {law.mean:g}{shape}) drew K = {len(plan.draws)} "
+             f"(seeded, random draws from the pruned space); score noise {selection.score_noise:g} "
+             f"(n_val={plan.validation_size:,}, sensitivity 1/n_val); σ above is per trial"]
+    figures = [f"B={b}: {p.trial_epsilon:.3g} → {p.total_epsilon:.3g}" for b, p in sorted(plan.privacy.items())
+               if b in plan.searched_batch_sizes]
+    if figures:
+        lines.append(f"  per-trial ε (training + noisy score) → total ε of the release, at δ={plan.cell.delta:g}: "
+                     + "; ".join(figures))
+    return lines
 
 
 def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
@@ -72,7 +90,10 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
            + (f", {space.search.budget} configurations per cell, seed {space.search.seed}"
               if space.search.budget is not None else "")
            + f"; training seeds: {', '.join(map(str, space.seeds))}; norm estimator: {space.trial.norm_estimator}"
-           + (f" (k={space.trial.sketch_k})" if space.trial.sketch_k else ""), ""]
+           + (f" (k={space.trial.sketch_k})" if space.trial.sketch_k else ""),
+           *([f"selection: private (Papernot & Steinke): each cell's ε, δ is the budget of the released model; "
+              f"validation fraction {space.selection.validation_fraction:g}; the σ√T and minimum-step rules are "
+              "data-independent and cost no privacy"] if space.selection.private else []), ""]
     for i, cell in enumerate(plan.cells, 1):
         out += [format_cell(cell, i, len(plan.cells)), ""]
     steps, examples = plan.expected_cost

@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,9 @@ from .spec import Catalog, Spec
 #: Keys of a trial spec's ``meta`` part (``backbone_label``/``dataset_label``: the axis values with
 #: their options, as the cell names them).
 META_FIELDS = ("cell", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "lr_multiplier",
-               "backbone_label", "dataset_label")
+               "backbone_label", "dataset_label", *("selection_k", "selection_draw", "trial_epsilon", "total_epsilon"))
+#: Private selection (``selection.mode: private``): K drawn in the cell, this trial's draw (0-based),
+#: the per-trial ε (training + noisy score) and the repeat-and-select total, both at the cell's δ.
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,44 @@ class CellPlan:
     declared: bool            # True: N was declared in the spec, not read from the data
     rows: tuple[Row, ...]
     space: SearchSpace
+    #: private selection: B → the per-trial and total privacy of its σ (``SelectionPrivacy``)
+    privacy: Mapping[int, Any] = field(default_factory=dict)
+    validation_size: int = 0   # examples the trainer holds out for validation
+
+    @property
+    def private(self) -> bool:
+        """Private selection: K random draws, the best noisy validation score released."""
+        return self.space.selection.private
+
+    @cached_property
+    def draws(self) -> tuple[tuple[float, int, float, int], ...]:
+        """Private selection: the K drawn trials (C, B, η multiplier, training seed), K from the spec's
+        law; all seeded by the cell (``sampler_seed``), independent of the data, with replacement
+        (each trial an independent draw, as "Hyperparameter Tuning with Renyi Differential Privacy"
+        assumes)."""
+        if not self.private:
+            raise ValueError("draws are for selection.mode private")
+        rng = np.random.default_rng(self.sampler_seed())
+        k = self.space.selection.trial_count().sample(rng)
+        grid = self.grid
+        if not grid:
+            return ()
+        picks = rng.integers(len(grid), size=k)
+        seeds = rng.integers(2**31 - 1, size=k)
+        return tuple((*grid[int(i)], int(seed)) for i, seed in zip(picks, seeds))
+
+    def draw_config(self, draw: int) -> dict:
+        """The trial spec of private draw ``draw`` (0-based): its own training seed, the data split of
+        the spec's seed (every trial sees the same train/validation/test split), the score noise, and
+        the selection's figures in ``meta``."""
+        c, b, m, seed = self.draws[draw]
+        spec = self.trial_config(c, b, m, seed)
+        selection = self.space.selection
+        spec["train"].update(split_seed=int(self.space.seeds[0]), score_noise=selection.score_noise)
+        privacy = self.privacy[b]
+        spec["meta"].update(selection_k=len(self.draws), selection_draw=int(draw),
+                            trial_epsilon=privacy.trial_epsilon, total_epsilon=privacy.total_epsilon)
+        return spec
 
     @cached_property
     def batches(self) -> pd.DataFrame:
@@ -92,6 +132,8 @@ class CellPlan:
     @property
     def num_configurations(self) -> int:
         """Configurations this cell runs: the whole grid, or the per-cell budget (at most the grid)."""
+        if self.private:
+            return len(self.draws)
         size = len(self.grid)
         budget = self.space.search.budget
         return size if budget is None else min(budget, size)
@@ -99,6 +141,8 @@ class CellPlan:
     @property
     def num_trials(self) -> int:
         """Trials of this cell (for Optuna an upper bound: a converged search stops early)."""
+        if self.private:
+            return len(self.draws)
         return self.num_configurations * len(self.space.seeds)
 
     def row(self, batch_size: int) -> Row:
@@ -136,6 +180,8 @@ class CellPlan:
 
     def configurations(self) -> list[tuple[float, int, float]]:
         """The configurations a grid or random search runs, in order (random: a seeded sample)."""
+        if self.private:
+            return [d[:3] for d in self.draws]
         grid = self.grid
         algorithm = self.space.search.algorithm
         if algorithm == "grid":
@@ -147,7 +193,10 @@ class CellPlan:
                          "SweepSearcher (dptune.platform.searcher)")
 
     def trials(self) -> list[dict]:
-        """Trial specs of a grid or random search: every configuration once per seed."""
+        """Trial specs of a grid or random search: every configuration once per seed (private
+        selection: the K draws)."""
+        if self.private:
+            return [self.draw_config(k) for k in range(len(self.draws))]
         return [self.trial_config(c, b, m, seed) for c, b, m in self.configurations() for seed in self.space.seeds]
 
     def expected_cost(self) -> tuple[float, float]:
@@ -282,8 +331,9 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
             raise ValueError(f"dataset_sizes.{d.name}: declared {declared:,} training examples but the data has "
                              f"{sizes[d]:,}; σ must be calibrated for the trainer's q = B/N")
     fraction = space.selection.validation_fraction
+    validation = {d: math.ceil(fraction * n) for d, n in sizes.items()}
     if fraction:   # the trainer holds ⌈f·N⌉ out for validation: σ is for the N it trains on
-        sizes = {d: n - math.ceil(fraction * n) for d, n in sizes.items()}
+        sizes = {d: n - validation[d] for d, n in sizes.items()}
     trial = space.trial
     cells = _cells(space)
     candidates = {c: candidate_rows(sizes[c.dataset], c.epochs, space.batch_sizes) for c in cells}
@@ -293,7 +343,10 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
 
     requests = [request(c, row["sample_rate"], row["steps"]) for c, rows in candidates.items()
                 for row in rows if row["reason"] is None]
-    sigmas = calibrate_many(requests, workers=workers, progress=progress)
+    if space.selection.private:
+        sigmas, privacy = _selection_noise(cells, candidates, space, validation, request)
+    else:
+        sigmas, privacy = calibrate_many(requests, workers=workers, progress=progress), {}
     pruning = space.pruning
     limit = pruning.max_batch_sizes or math.inf
     plans = []
@@ -305,8 +358,36 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
             kept += row["kept"]
             row["searched"] = row["kept"] and kept <= limit
         plans.append(CellPlan(c, sizes[c.dataset], c.dataset.name in catalog.datasets,
-                              not strict and c.dataset.name in space.dataset_sizes, tuple(rows), space))
+                              not strict and c.dataset.name in space.dataset_sizes, tuple(rows), space,
+                              privacy.get(c, {}), validation[c.dataset]))
     plan = SweepPlan(space, tuple(plans), spec.source)
     if strict:
         plan.check_runnable()
     return plan
+
+
+def _selection_noise(cells: list[Cell], candidates: dict, space: SearchSpace, validation: dict,
+                     request: Callable[[Cell, float, int], NoiseRequest]) -> tuple[dict, dict]:
+    """Private selection: for every cell and candidate B, the training σ whose repeat-and-select total
+    (with the noisy score release, sensitivity 1/n_val) meets the cell's (ε, δ), from dp-accounting's
+    RDP accountant; and each σ's per-trial and total ε. Returns ({NoiseRequest: σ}, {cell: {B: …}})."""
+    from ..privacy.selection import calibrate_selection_noise, score_noise_multiplier, selection_privacy
+
+    selection = space.selection
+    count = selection.trial_count()
+    sigmas: dict = {}
+    privacy: dict = {}
+    for c in cells:
+        score = score_noise_multiplier(selection.score_noise, validation[c.dataset])
+        for row in candidates[c]:
+            if row["reason"] is not None:
+                continue
+            q, steps = row["sample_rate"], row["steps"]
+            try:
+                sigma = calibrate_selection_noise(c.epsilon, c.delta, q, steps, score_multiplier=score, count=count)
+            except ValueError as exc:
+                raise ValueError(f"selection.score_noise: cell {c.key}: {exc}") from None
+            sigmas[request(c, q, steps)] = sigma
+            privacy.setdefault(c, {})[row["batch_size"]] = selection_privacy(
+                sigma, q, steps, score_multiplier=score, count=count, delta=c.delta)
+    return sigmas, privacy

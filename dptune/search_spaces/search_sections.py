@@ -147,14 +147,41 @@ class TrialOptions:
         return {**fixed, "norm_estimator": self.norm_estimator, "sketch_k": self.sketch_k}
 
 
+SELECTION_MODES = ("nonprivate", "private")
+#: ``selection`` keys that only apply to ``mode: private``.
+PRIVATE_SELECTION_KEYS = ("distribution", "mean_trials", "shape", "score_noise")
+
+
 @dataclass(frozen=True)
 class Selection:
     """How trials are compared (``selection``). ``validation_fraction`` > 0 holds out a seeded,
     stratified part of the training data: the searcher and the scheduler see validation accuracy,
     test accuracy is stored beside it for reporting, and σ is calibrated for the examples trained
-    on. Selecting on validation data is NOT differentially private (stored as such)."""
+    on. Selecting on validation data is NOT differentially private (stored as such).
+
+    ``mode: private`` ("Hyperparameter Tuning with Renyi Differential Privacy", Papernot & Steinke,
+    ICLR 2022): the cell's ε and δ are the budget of the released model. K trials, K drawn from
+    ``distribution`` (``mean_trials``, ``shape`` η of the truncated negative binomial), each with
+    hyperparameters drawn independently of the data; each releases its final validation accuracy
+    plus Gaussian noise of std ``score_noise``; the best noisy score's model is released and only it
+    is evaluated on the test data. σ per B is solved so the whole selection meets ε."""
 
     validation_fraction: float = 0.0
+    mode: str = "nonprivate"
+    distribution: str = "truncated_negative_binomial"
+    mean_trials: float = 10.0
+    shape: float | None = None           # truncated_negative_binomial only (default 1)
+    score_noise: float = 0.05            # std of the Gaussian noise on validation accuracy
+
+    @property
+    def private(self) -> bool:
+        return self.mode == "private"
+
+    def trial_count(self):
+        """The law of K (:class:`dptune.privacy.selection.TrialCount`)."""
+        from ..privacy.selection import TrialCount
+
+        return TrialCount.of(self.distribution, self.mean_trials, self.shape)
 
 
 @dataclass(frozen=True)
@@ -317,7 +344,7 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
             if raw.get(key) is not None:
                 raise SpecError(f"search.{key}: only applies to algorithm random or optuna "
                                 f"(a grid runs every configuration); remove it or change search.algorithm")
-    elif budget is None:
+    elif budget is None and algorithm == "optuna":   # random: check_search_budget (not under private selection)
         raise SpecError(f"search.budget: required for algorithm {algorithm} (configurations per cell)")
     if algorithm == "random":
         for key in ("startup_trials", "warm_start"):
@@ -372,11 +399,30 @@ def parse_trial(value: Any, catalog: Catalog) -> TrialOptions:
     return TrialOptions(estimator, k, raw)
 
 
-@register_section("selection", default={}, summary="validation_fraction: held-out part of the training data "
-                                                    "the search selects on (not private)")
+@register_section("selection", default={}, summary="validation_fraction (held-out part of the training data the "
+                                                    "search selects on) and mode: nonprivate, or private (K random "
+                                                    "trials, noisy scores, ε of the released model)")
 def parse_selection(value: Any, catalog: Catalog) -> Selection:
-    raw = mapping(value, "selection", ("validation_fraction",))
-    return Selection(number(raw.get("validation_fraction", 0.0), "selection.validation_fraction", ge=0, lt=0.5))
+    raw = mapping(value, "selection", ("validation_fraction", "mode", *PRIVATE_SELECTION_KEYS))
+    mode = choice(raw.get("mode", "nonprivate"), "selection.mode", SELECTION_MODES)
+    d = Selection()
+    if mode == "nonprivate":
+        for key in PRIVATE_SELECTION_KEYS:
+            if key in raw:
+                raise SpecError(f"selection.{key}: only applies to selection.mode private")
+        return Selection(number(raw.get("validation_fraction", 0.0), "selection.validation_fraction", ge=0, lt=0.5))
+    fraction = number(raw.get("validation_fraction", 0.1), "selection.validation_fraction", gt=0, lt=0.5)
+    distribution = choice(raw.get("distribution", d.distribution), "selection.distribution",
+                          ("truncated_negative_binomial", "poisson", "geometric"))
+    shape = raw.get("shape")
+    if shape is not None and distribution != "truncated_negative_binomial":
+        raise SpecError(f"selection.shape: only applies to distribution truncated_negative_binomial ({distribution} "
+                        "fixes it)")
+    shape = None if shape is None else number(shape, "selection.shape", ge=0)
+    mean = (number(raw.get("mean_trials", d.mean_trials), "selection.mean_trials", ge=1) if distribution == "poisson"
+            else number(raw.get("mean_trials", d.mean_trials), "selection.mean_trials", gt=1))
+    return Selection(fraction, mode, distribution, mean, shape,
+                     number(raw.get("score_noise", d.score_noise), "selection.score_noise", gt=0, lt=1))
 
 
 @register_section("dataset_sizes", default={}, summary="training-set sizes N for planning without the data")
@@ -426,8 +472,38 @@ def check_scheduler(spec: Spec, catalog: Catalog) -> None:
 
 @register_check
 def check_search_budget(spec: Spec, catalog: Catalog) -> None:
-    """Optuna's random start-up must leave room for TPE within the budget."""
+    """Random search needs a budget (except under private selection, which draws K); Optuna's random
+    start-up must leave room for TPE within the budget."""
     search = spec["search"]
+    if search.algorithm == "random" and search.budget is None and not spec["selection"].private:
+        raise SpecError("search.budget: required for algorithm random (configurations per cell)")
     if search.startup_trials is not None and search.startup_trials > search.budget:
         raise SpecError(f"search.startup_trials: must be <= search.budget ({search.budget}); "
                         f"got {search.startup_trials}")
+
+
+@register_check
+def check_private_selection(spec: Spec, catalog: Catalog) -> None:
+    """Under ``selection.mode: private`` the trials must be K independent random draws that each
+    release one noisy score at their end (Papernot & Steinke's guarantee assumes exactly that)."""
+    if not spec["selection"].private:
+        return
+    search = spec["search"]
+    if search.algorithm != "random":
+        why = ("a grid runs a fixed list of every configuration" if search.algorithm == "grid"
+               else "TPE chooses each configuration from earlier trials' scores on private data")
+        raise SpecError(f"search.algorithm: selection.mode private needs algorithm random: {why}, so it is not K "
+                        f"random draws independent of the data (the guarantee's assumption); got {search.algorithm}")
+    if search.budget is not None:
+        raise SpecError("search.budget: not used under selection.mode private: the number of trials K is drawn from "
+                        "selection.distribution (a fixed count voids the guarantee); remove it")
+    if search.scheduler.name != "none":
+        raise SpecError(f"search.scheduler: {search.scheduler.name} stops trials on validation scores read during "
+                        "training; under selection.mode private each trial releases one noisy score at its end: "
+                        "use none")
+    if len(spec["seeds"]) != 1:
+        raise SpecError("seeds: give one seed under selection.mode private (it fixes the data split; each drawn "
+                        f"trial gets its own training seed); got {len(spec['seeds'])}")
+    if spec["trial"].norm_estimator != "exact":
+        raise SpecError(f"trial.norm_estimator: selection.mode private accounts exact clipping only; got "
+                        f"{spec['trial'].norm_estimator}")
