@@ -102,7 +102,8 @@ class BookKeepingEngine:
 
     ``estimator`` ("ghost" exact, "hutchinson" or "hutchpp") is used for the weights of the
     linear-like layers; ``sketch_k`` is the number of probes k of the randomised estimators;
-    ``generator`` draws the probes (fresh for every micro-batch and layer).
+    ``generator`` draws the probes (fresh for every micro-batch and layer, unless ``start_step``
+    fixes them per logical batch and layer).
 
     ``max_kept_bytes`` bounds the output gradients G the engine may hold at once (None: half the
     device's free memory, read after the forward). Above it the engine falls back to two backward
@@ -122,10 +123,16 @@ class BookKeepingEngine:
         self.ctx = NormContext(estimator, sketch_k, generator)
         self.params = trainable_parameters(model)
         self.planned = plan_modules(model)
+        self.ctx.layers = {id(e.module): i for i, e in enumerate(self.planned)}
         self.checked = False
         self.max_kept_bytes = max_kept_bytes
         self.mode = "book-keeping"
         self._streaming = False
+
+    def start_step(self, seed: int | None) -> None:
+        """Draw the randomised estimators' probes of the coming logical batch per layer from
+        ``seed`` (the same for all its micro-batches and workers); None: fresh on every call."""
+        self.ctx.step_seed = seed
 
     # ---- forward: record inputs and output edges --------------------------------------------------
 

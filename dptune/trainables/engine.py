@@ -59,7 +59,11 @@ class DPEngine:
     ``generator`` drives the Gaussian noise (seed it for reproducible runs). ``denoise`` names a
     ``DENOISERS`` entry applied to the 2-D parameters' ĝ (post-processing, no privacy cost) with
     gate factor ``denoise_kappa``, norm correction ``denoise_norm_correction`` and the 2-D parameters
-    of ``denoise_scope``. ``diagnostics`` names ``DIAGNOSTICS`` entries (NOT private). ``per_sample`` picks the implementation of exact norms:
+    of ``denoise_scope``. ``probe_generator`` (optional) seeds the randomised estimators' probes once
+    per logical batch and layer: then neither the micro-batch size nor the number of workers changes
+    them. ``all_reduce`` (W data-parallel workers, :mod:`.distributed`) sums the workers' clipped sums
+    before the noise, which every worker then draws identically: noise added once.
+    ``diagnostics`` names ``DIAGNOSTICS`` entries (NOT private). ``per_sample`` picks the implementation of exact norms:
     ``hooks`` (book-keeping, the default) or ``vmap`` (the whole-model reference, for tests).
     """
 
@@ -68,7 +72,8 @@ class DPEngine:
                  denoise: str | None = None, clip_fn: str = "flat", max_physical_batch_size: int | None = None,
                  generator: torch.Generator | None = None, denoise_kappa: float = DEFAULT_KAPPA,
                  per_sample: str = "hooks", denoise_norm_correction: bool = True, denoise_scope: str = "all",
-                 diagnostics: Sequence[str] = ()) -> None:
+                 diagnostics: Sequence[str] = (), probe_generator: torch.Generator | None = None,
+                 all_reduce: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> None:
         if not clip_bound > 0:
             raise ValueError(f"clip_bound must be > 0; got {clip_bound!r}")
         if not noise_multiplier >= 0:
@@ -105,6 +110,8 @@ class DPEngine:
                              f"(allowed: {', '.join(DENOISE_SCOPES)}; 'lora' needs LoRA factors)")
         self.max_physical_batch_size = max_physical_batch_size
         self.generator = generator
+        self.probe_generator = probe_generator
+        self.all_reduce = all_reduce
         build = EXACT_ENGINES.get(per_sample) if norm_estimator == "exact" else NORM_ENGINES.get(norm_estimator)
         self.norms = build(model, loss_fn, sketch_k=sketch_k, generator=generator)
 
@@ -117,6 +124,8 @@ class DPEngine:
         non-private diagnostics — and, when denoising, the denoiser's ``denoise`` statistics.
         """
         sums, norms = self.clipped_sum(inputs, targets)
+        if self.all_reduce is not None:  # W workers: Σ over their clipped sums, before the one noise draw
+            sums = self.all_reduce(sums)
         private = self.normalise(self.add_noise(sums))
         denoised, denoise_stats = self.denoised(private)
         for name, p in self.params.items():
@@ -136,6 +145,9 @@ class DPEngine:
         physical micro-batch at a time (the result does not depend on the split)."""
         sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
         all_norms = []
+        if self.probe_generator is not None and hasattr(self.norms, "start_step"):  # probes per (step, layer)
+            self.norms.start_step(int(torch.randint(1 << 62, (1,), generator=self.probe_generator,
+                                                    device=self.probe_generator.device)))
         if batch_len(inputs) > 0:
             for x, y in micro_batches(inputs, targets, self.max_physical_batch_size):
                 part, norms = self.norms.clipped_sum(x, y, lambda n: clip_factors(self.clip_fn, n, self.clip_bound))

@@ -22,7 +22,7 @@ Hutch++) plug into the linear-like rule.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -61,11 +61,27 @@ class Call:
 
 @dataclass
 class NormContext:
-    """What a rule needs besides the module: the weight estimator and its randomness."""
+    """What a rule needs besides the module: the weight estimator and its randomness.
+
+    Without a ``step_seed`` the estimators draw their probes from ``generator`` on every call. With
+    one (set per logical batch by ``BookKeepingEngine.start_step``), each layer's probes come from
+    a generator seeded by (step seed, the layer's index in ``layers``): the same probes for every
+    micro-batch of the step and on every worker of a multi-worker trial, so the result depends on
+    neither the micro-batch size nor the number of workers."""
 
     estimator: str
     sketch_k: int | None
     generator: torch.Generator | None
+    step_seed: int | None = None
+    layers: dict = field(default_factory=dict)  # id(module) -> index, fixed when the engine is built
+
+    def probes(self, module: nn.Module) -> torch.Generator | None:
+        """The generator of ``module``'s probes for the current step (see the class docstring)."""
+        if self.step_seed is None:
+            return self.generator
+        device = self.generator.device if self.generator is not None else "cpu"
+        seed = (self.step_seed * 1_000_003 + self.layers[id(module)]) % (1 << 63)
+        return torch.Generator(device=device).manual_seed(seed)
 
 
 @dataclass
@@ -168,7 +184,7 @@ class LinearLike(Rule):
         if "weight" in names:
             if ctx.estimator != "ghost":
                 form = ctx.estimator
-                sq = sq + WEIGHT_NORMS[ctx.estimator](A, G, ctx.sketch_k, ctx.generator)
+                sq = sq + WEIGHT_NORMS[ctx.estimator](A, G, ctx.sketch_k, ctx.probes(module))
             elif T == 1:
                 form = "ghost (T = 1)"
                 sq = sq + A.to(dtype).pow(2).sum(dim=(1, 2)) * G.to(dtype).pow(2).sum(dim=(1, 2))

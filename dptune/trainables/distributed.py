@@ -1,0 +1,117 @@
+"""One DP training run on W data-parallel workers: the same DP step as on one worker, noise added once.
+
+Every worker holds the whole model and the same seeded generators (batches, noise, probes), and
+runs the same :class:`~dptune.trainables.training.Trainer`. Per step (docs/architecture.md,
+"Multi-worker trials"):
+
+1. every worker draws the *same* global Poisson mask over all N examples and keeps the indices in
+   its shard (a contiguous block of the training set), so the union of the shards' batches is one
+   Poisson batch of rate q over N (a shard's part may be empty);
+2. each worker computes the clipped sum Σ_i c_i g_i of its examples (any norm engine, any
+   micro-batching; randomised estimators use the step's probes, the same on every worker);
+3. the clipped sums are summed over the workers: one all-reduce of one flat buffer;
+4. every worker adds the *same* Gaussian noise σCξ (its noise generator is in the same state on
+   every worker), so the noise is added once, never W times, and with no communication;
+5. ĝ is normalised by the global expected B·C, and every worker steps its optimizer identically.
+
+The result equals the one-worker run with the same seeds, up to the order of floating-point
+additions. Models that draw randomness in their forward pass (dropout) see other draws per
+shard and match only in distribution. The per-sample norms and labels (non-private diagnostics)
+are gathered from all workers at the end of each epoch.
+
+This module uses ``torch.distributed`` only (gloo on CPU, NCCL on GPU); starting the workers is
+the platform's job (Ray Train, ``dptune.platform.multi_worker``).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from .batching import Inputs, batch_len, model_outputs
+
+
+class Workers:
+    """The workers of one run as a single process (W = 1): every collective is the identity."""
+
+    rank: int = 0
+    size: int = 1
+
+    def __init__(self) -> None:
+        self.comm_time_s = 0.0  # seconds spent in collectives (the benchmark's communication share)
+
+    def shard(self, indices: torch.Tensor, num_examples: int) -> torch.Tensor:
+        """This worker's part of a global batch's (sorted) ``indices`` over ``num_examples``."""
+        return indices
+
+    def sum(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """{name: Σ over workers} (the clipped sums)."""
+        return tensors
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The 1-D tensors of all workers, concatenated in rank order (CPU)."""
+        return tensor
+
+
+class ProcessGroupWorkers(Workers):
+    """W workers of the default ``torch.distributed`` process group (initialised by the caller)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("ProcessGroupWorkers needs an initialised torch.distributed process group")
+        self.dist = dist
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+
+    def shard(self, indices: torch.Tensor, num_examples: int) -> torch.Tensor:
+        low, high = shard_bounds(num_examples, self.rank, self.size)
+        return indices[(indices >= low) & (indices < high)]
+
+    def sum(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not tensors:
+            return tensors
+        start = time.perf_counter()
+        flat = torch.cat([t.reshape(-1) for t in tensors.values()])  # one buffer, one all-reduce
+        self.dist.all_reduce(flat, op=self.dist.ReduceOp.SUM)
+        out, offset = {}, 0
+        for name, t in tensors.items():
+            out[name] = flat[offset:offset + t.numel()].view_as(t)
+            offset += t.numel()
+        self.comm_time_s += time.perf_counter() - start
+        return out
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        parts: list = [None] * self.size
+        self.dist.all_gather_object(parts, tensor.detach().cpu())
+        self.comm_time_s += time.perf_counter() - start
+        return torch.cat(parts)
+
+
+def shard_bounds(num_examples: int, rank: int, size: int) -> tuple[int, int]:
+    """[low, high): the contiguous block of the training set that worker ``rank`` of ``size`` holds."""
+    return rank * num_examples // size, (rank + 1) * num_examples // size
+
+
+def baseline_gradient(model: nn.Module, inputs: Inputs, targets: torch.Tensor, workers: Workers) -> int:
+    """Non-private baseline: set ``.grad`` to the mean cross-entropy gradient over the *global*
+    realised batch (Σ over workers of the summed losses' gradients, over the global batch size);
+    returns that size (0: no step)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if batch_len(inputs):
+        loss = nn.functional.cross_entropy(model_outputs(model, inputs), targets, reduction="sum")
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    else:
+        grads = [None] * len(params)
+    sums = {str(i): torch.zeros_like(p) if g is None else g for i, (p, g) in enumerate(zip(params, grads))}
+    sums["count"] = torch.tensor([float(len(targets))], device=targets.device, dtype=params[0].dtype)
+    total = workers.sum(sums)
+    count = int(round(float(total.pop("count"))))
+    if count:
+        for i, p in enumerate(params):
+            p.grad = total[str(i)] / count
+    return count
