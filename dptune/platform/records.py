@@ -8,6 +8,7 @@ from .store import to_json
 AXES = ("dataset", "model", "epsilon", "delta", "epochs")
 HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate", "optimizer", "momentum", "clip_fn",
                    "norm_estimator", "sketch_k", "denoise", "peft", "seed")
+SELECTION_FIELDS = ("selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
 EPOCH_FIELDS = ("epoch", "step", "accuracy", "loss", "epsilon_spent", "clipped_fraction", "train_time_s")
 
 
@@ -36,6 +37,12 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     for k in ("validation_accuracy", "test_accuracy"):
         row[k] = final.get(k)
     row["validation_nonprivate"] = bool(final.get("validation_nonprivate", False))
+    # private selection: K, this draw, per-trial and total ε, the noisy score; the selected trial's
+    # row is rewritten with selected = true and its test accuracy (platform/selection.py)
+    for k in SELECTION_FIELDS:
+        row[k] = meta.get(k)
+    row["selection_score"] = final.get("selection_score")
+    row["selected"] = False if meta.get("selection_k") is not None else None
     row["config_json"] = to_json(config)
     return row
 

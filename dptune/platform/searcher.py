@@ -6,7 +6,8 @@ Each suggested Ray Tune config is the flat config of a trial (:mod:`.trial_confi
 trial_spec}`` when a ``config_key`` is given. It hands
 out the trials of the first cell, then the next, and returns ``Searcher.FINISHED`` when every
 cell's configurations are out. Every configuration runs once per training seed; the searcher
-sees the mean over seeds.
+sees the mean over seeds. Under private selection (``selection.mode: private``) a cell hands out
+its K draws (``CellPlan.draws``), each once with its own training seed.
 
 For ``optuna`` each cell has its own Ray Tune ``OptunaSearch`` with a define-by-run space over
 *indices* into the cell's pruned candidates (C grid, searched B, η multipliers): only pruned
@@ -249,7 +250,12 @@ class SweepSearcher(Searcher):
     def _queue(self, i: int, pid: str, indices: Indices) -> None:
         """Hand out one configuration of cell ``i``: a trial per training seed."""
         cell = self.plan.cells[i]
+        draw = self._issued[i]
         self._issued[i] += 1
+        if cell.private:   # private selection: draw k is one trial with its own training seed
+            self._proposals[pid] = _Proposal(i, indices, 1)
+            self._pending.append((cell.draw_config(draw), pid))
+            return
         seeds = self.plan.space.seeds
         self._proposals[pid] = _Proposal(i, indices, len(seeds))
         c, b, m = self._values(i, indices)

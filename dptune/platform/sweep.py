@@ -23,6 +23,7 @@ from .launcher import RunSettings, resourced, run_config, start_ray
 from .layout import SETTINGS_FILE, ExperimentPaths, absolute
 from .schedulers import build_scheduler
 from .searcher import SweepSearcher
+from .selection import release_selections
 from .store import ResultsStore
 from .trainable import dp_trainable
 
@@ -70,7 +71,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     _save_settings(settings)
     print(f"dptune: running {plan.num_trials} trials; experiment at {settings.paths.root}\n"
           f"        if this is interrupted, continue with: dptune resume {settings.paths.root}", file=out)
-    return _outcome(tuner.fit(), settings)
+    return _outcome(tuner.fit(), settings, out)
 
 
 def resume_sweep(root: str, *, restart_errored: bool = False, address: str | None = None,
@@ -89,7 +90,7 @@ def resume_sweep(root: str, *, restart_errored: bool = False, address: str | Non
     tuner = tune.Tuner.restore(paths.root, resourced(settings, function), resume_unfinished=True,
                                resume_errored=not restart_errored, restart_errored=restart_errored)
     print(f"dptune: resuming {paths.root}", file=out)
-    return _outcome(tuner.fit(), settings)
+    return _outcome(tuner.fit(), settings, out)
 
 
 def _save_settings(settings: RunSettings) -> None:
@@ -109,8 +110,9 @@ def _load_settings(paths: ExperimentPaths) -> RunSettings:
         raise ValueError(f"{paths.root} was not started by `dptune sweep` (no {SETTINGS_FILE})") from None
 
 
-def _outcome(results: tune.ResultGrid, settings: RunSettings) -> SweepOutcome:
+def _outcome(results: tune.ResultGrid, settings: RunSettings, out: TextIO = sys.stdout) -> SweepOutcome:
     write_equivalent_rows(settings.paths.absolute())   # clip-equivalent trials: recorded, not trained
+    release_selections(results, settings.paths.absolute(), out=out)   # private selection: best trial, tested once
     errored = sum(r.error is not None for r in results)  # stopped trials count as finished here
     return SweepOutcome(settings.paths, len(results) - errored, errored)
 

@@ -36,7 +36,7 @@ def dp_trainable(config: dict) -> None:
             tune_adapter.report(epoch_report(history[-1], trainer, history))
     while not trainer.done:
         metrics = trainer.run_epoch()
-        if not math.isfinite(metrics["loss"]):
+        if not math.isfinite(metrics.get("loss", 0.0)):   # private selection evaluates nothing before the end
             raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics['epoch']}")
         history.append(metrics)
         tune_adapter.report(epoch_report(metrics, trainer, history),
@@ -58,6 +58,7 @@ def epoch_report(metrics: dict, trainer: Trainer, history: list[dict] | None = N
     plus the run's privacy plan and ``fully_clipped`` (1 when every example of every step so far
     was clipped: the searcher's clip-equivalence reads it; computed from private norms, NOT private)."""
     head = {k: metrics[k] for k in ("accuracy", "loss", "epsilon_spent", "epoch") if k in metrics}
+    head = {"accuracy": math.nan, **head}   # private selection scores only at the end (Ray Tune wants the metric)
     rest = {k: v for k, v in metrics.items()
             if k not in head and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {**head, **rest, "noise_multiplier": trainer.plan.noise_multiplier,

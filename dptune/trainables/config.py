@@ -72,6 +72,11 @@ class TrainConfig:
                                              "selection: 'accuracy' is then validation accuracy, test accuracy is "
                                              "reported beside it (selection on it is NOT private); σ is calibrated "
                                              "for the examples actually trained on [0: no validation split]")
+    split_seed: int | None = option(None, "seed of the train/test and validation splits [seed]; private selection "
+                                          "fixes it per cell so every trial sees the same split")
+    score_noise: float | None = option(None, "private selection: evaluate nothing during training, then release the "
+                                             "validation accuracy once with Gaussian noise of this std (no test "
+                                             "evaluation: only the selected trial is tested, after selection)")
 
     @property
     def private(self) -> bool:
@@ -111,6 +116,8 @@ class TrainConfig:
              "max_physical_batch_size", "None or >= 1")
         need(self.noise_multiplier is None or self.noise_multiplier >= 0, "noise_multiplier", "None or >= 0")
         need(0 <= self.validation_fraction < 1, "validation_fraction", "in [0, 1)")
+        need(self.score_noise is None or (self.score_noise > 0 and self.validation_fraction > 0 and self.private),
+             "score_noise", "None, or > 0 for a private run with a validation split (validation_fraction > 0)")
         need(self.max_length is None or (isinstance(self.max_length, int) and self.max_length >= 2), "max_length",
              "None or a whole number >= 2")
         return self

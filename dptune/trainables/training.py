@@ -101,7 +101,8 @@ def load_training_data(cfg: TrainConfig, model_options: dict) -> DatasetSplits:
     if cfg.dataset in DATASETS:
         check_options("dataset", cfg.dataset, DATASETS[cfg.dataset], prepared, implicit=("seed",),
                       why=f"model {cfg.model!r} needs its inputs prepared with them")
-    return load_dataset(cfg.dataset, seed=cfg.seed, **prepared, **_given(data_dir=cfg.data_dir,
+    split = cfg.seed if cfg.split_seed is None else cfg.split_seed
+    return load_dataset(cfg.dataset, seed=split, **prepared, **_given(data_dir=cfg.data_dir,
                                                                        max_length=cfg.max_length))
 
 
@@ -115,7 +116,8 @@ class Trainer:
         model_options = {**_given(peft=cfg.peft, weights=cfg.weights), **cfg.model_options}
         self.data = data or load_training_data(cfg, model_options)
         if cfg.validation_fraction > 0:
-            self.data = with_validation(self.data, cfg.validation_fraction, cfg.seed)
+            self.data = with_validation(self.data, cfg.validation_fraction,
+                                        cfg.seed if cfg.split_seed is None else cfg.split_seed)
         self.n_train = len(self.data.train)   # what is trained on: q = B/N and σ are for this N
         self.plan = plan_privacy(cfg, self.n_train)
         self.model = create_model(cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
@@ -186,9 +188,12 @@ class Trainer:
             if progress is not None:
                 progress.update(1)
         self.train_time_s += time.perf_counter() - start
-        metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s,
-                   **evaluate(self.model, self.data.test, self.data.num_classes, self.device)}
-        if self.data.validation is not None:
+        metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s}
+        if self.cfg.score_noise is not None:   # private selection: one noisy look at validation, at the end
+            metrics.update(self.noisy_score() if self.done else {})
+        else:
+            metrics.update(evaluate(self.model, self.data.test, self.data.num_classes, self.device))
+        if self.data.validation is not None and self.cfg.score_noise is None:
             # selection sees validation accuracy ('accuracy'); test accuracy only reports. NOT private.
             metrics["test_accuracy"], metrics["test_loss"] = metrics["accuracy"], metrics["loss"]
             validation = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)
@@ -212,6 +217,16 @@ class Trainer:
         else:
             metrics["epsilon_spent"] = math.inf
         return metrics
+
+    def noisy_score(self) -> dict:
+        """Private selection ("Hyperparameter Tuning with Renyi Differential Privacy", Papernot &
+        Steinke, ICLR 2022): the validation accuracy plus N(0, score_noise²) noise (sensitivity 1/n_val,
+        accounted by the planner), drawn from the run's seed. The run's only look at the validation
+        data; the test data is not touched."""
+        accuracy = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)["accuracy"]
+        generator = torch.Generator().manual_seed(self.cfg.seed + 3)
+        score = accuracy + self.cfg.score_noise * float(torch.randn((), generator=generator, dtype=torch.float64))
+        return {"accuracy": score, "selection_score": score}
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The trainable parameters and the buffers: frozen weights are rebuilt from the config."""
@@ -246,7 +261,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_epoch: Callable[[dict],
         while not trainer.done:
             metrics = trainer.run_epoch(bar)
             history.append(metrics)
-            bar.set_postfix(acc=f"{metrics['accuracy']:.3f}", eps=f"{metrics['epsilon_spent']:.2f}")
+            bar.set_postfix(acc=f"{metrics.get('accuracy', math.nan):.3f}", eps=f"{metrics['epsilon_spent']:.2f}")
             if on_epoch is not None:
                 on_epoch(metrics)
     return history

@@ -1,0 +1,70 @@
+"""Private selection end to end (issue 13) on real Ray and the real trainer (digits): K trials
+exactly, each releasing one noisy validation score and no test accuracy; the best noisy score's
+trial released with the cell's total ε and its test accuracy, measured once after selection."""
+import io
+
+import pytest
+import ray
+import torch
+
+from dptune.platform.catalog import trainables_catalog
+from dptune.platform.launcher import RunSettings
+from dptune.platform.query import run_query
+from dptune.platform.selection import release_selections
+from dptune.platform.store import ResultsStore
+from dptune.platform.sweep import run_sweep
+from dptune.search_spaces import load_spec, plan_sweep
+from dptune.trainables.config import TrainConfig
+from dptune.trainables.training import train
+
+SPEC = {"axes": {"epsilon": 3, "backbone": {"name": "mlp", "hidden": 16}, "dataset": "digits", "epochs": 2},
+        "clip_bound": [0.5, 5], "batch_size": [128, 256], "pruning": {"min_steps": 5, "plateau_tol": 1.0},
+        "learning_rate": {"reference": 1.0, "reference_batch_size": 128, "multipliers": [1]},
+        "search": {"algorithm": "random", "seed": 1},
+        "selection": {"mode": "private", "distribution": "geometric", "mean_trials": 3, "score_noise": 0.05,
+                      "validation_fraction": 0.15},
+        "trial": {"device": "cpu"}}
+
+
+@pytest.mark.slow
+def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
+    plan = plan_sweep(load_spec(SPEC, trainables_catalog()), trainables_catalog(), workers=1)
+    (cell,) = plan.cells
+    k = len(cell.draws)
+    assert 1 <= k <= 6   # the seeded draw (a test of the law of K is in tests/privacy)
+    settings = RunSettings(experiment="private", storage=str(tmp_path), max_failures=0, verbose=0)
+    out = io.StringIO()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    try:
+        run_sweep(plan, settings, out=out)
+    finally:
+        ray.shutdown()
+    store = ResultsStore(settings.paths.store)
+    rows = store.table("trials")
+    assert len(rows) == k and set(rows.status) == {"finished"} and set(rows.selection_k) == {k}
+    assert sorted(rows.selection_draw) == list(range(k))
+    assert (rows.total_epsilon <= 3).all() and (rows.trial_epsilon < rows.total_epsilon).all()
+    # no trial looked at the test data or stored a raw validation accuracy; the searcher saw the noisy score
+    chosen = rows[rows.selected.astype(bool)]
+    assert len(chosen) == 1
+    others = rows[~rows.selected.astype(bool)]
+    assert others.test_accuracy.isna().all() and rows.validation_accuracy.isna().all()
+    assert (rows.accuracy == rows.selection_score).all()
+    best = chosen.iloc[0]
+    assert best.selection_score == rows.selection_score.max()
+    epochs = store.table("epochs")
+    assert epochs[epochs.epoch == 1].accuracy.isna().all()    # nothing evaluated before the end
+    # the released test accuracy is that of the selected configuration trained again, evaluated the usual way
+    config = dict(plan.cells[0].draw_config(int(best.selection_draw))["train"])
+    plain = train(TrainConfig.from_dict({**config, "score_noise": None}), progress=False)[-1]
+    assert best.test_accuracy == pytest.approx(plain["test_accuracy"], abs=1e-12)
+    noise = 0.05 * float(torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + 3),
+                                     dtype=torch.float64))
+    assert best.selection_score == pytest.approx(plain["validation_accuracy"] + noise, abs=1e-12)
+    assert f"K={k}" in out.getvalue() and f"test accuracy {best.test_accuracy:.4f}" in out.getvalue()
+    # dptune query shows the per-cell release
+    frame = run_query(settings.paths.store, "SELECT cell, selection_k, trial_epsilon, total_epsilon, trial_id, "
+                      "test_accuracy FROM trials WHERE selected", out=io.StringIO())
+    assert len(frame) == 1 and frame.selection_k[0] == k and frame.test_accuracy[0] == best.test_accuracy
+    # releasing again touches nothing (the test data is used once)
+    assert release_selections([], settings.paths) == []
