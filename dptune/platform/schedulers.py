@@ -1,11 +1,14 @@
 """Early stopping within a cell (``search.scheduler``): Ray Tune's ASHA or median stopping, one
-instance per cell, epochs as the resource.
+instance per group of comparable trials, epochs as the resource.
 
 Ray Tune's schedulers compare every trial of an experiment with every other; a sweep's cells
-differ in ε, backbone, dataset and epochs, so their accuracies are not comparable. A
-:class:`PerCellScheduler` gives each cell (the flat config's ``cell`` key) its own
-``AsyncHyperBandScheduler`` (rungs at epoch ends: ``time_attr="epoch"``, ``max_t`` the cell's
-epochs) or ``MedianStoppingRule``, and keeps their state in a file beside the experiment, so
+differ in ε, backbone, dataset and epochs, so their accuracies are not comparable, and within a
+cell, trials of different B take different numbers of steps per epoch, so their early epochs are
+not either (a large-B trial has taken a few steps when a small-B one has taken many). A
+:class:`PerCellScheduler` gives each group — the trials of one cell with the same B, or with
+``within: cell`` the whole cell — its own ``AsyncHyperBandScheduler`` (rungs at epoch ends:
+``time_attr="epoch"``, ``max_t`` the cell's epochs) or ``MedianStoppingRule``, and keeps their
+state in a file beside the experiment, so
 ``dptune resume`` continues with the rungs already recorded and the stop decisions already taken
 (Ray Tune restores its searcher but builds a scheduler afresh). A trial stopped just before a
 driver failure, whose stop Ray Tune had not yet recorded, is stopped again at its next report.
@@ -45,8 +48,9 @@ def cell_scheduler(settings: Scheduler, epochs: float, *, metric: str, mode: str
 
 
 class PerCellScheduler(FIFOScheduler):
-    """One inner scheduler per cell (:func:`cell_scheduler` of ``settings``); trials without a ``cell``
-    key run to the end. ``state``: the experiment whose folder keeps the cells' state."""
+    """One inner scheduler per cell, or per (cell, B) (``settings.within``; :func:`cell_scheduler`);
+    trials without a ``cell`` key run to the end. ``state``: the experiment whose folder keeps the
+    groups' state."""
 
     def __init__(self, settings: Scheduler, *, metric: str = "accuracy", mode: str = "max",
                  state: ExperimentPaths | None = None) -> None:
@@ -108,9 +112,10 @@ class PerCellScheduler(FIFOScheduler):
         cell = config.get("cell")
         if cell is None:
             return None
-        if cell not in self.cells:
-            self.cells[cell] = self.make(float(config["epochs"]))
-        return self.cells[cell]
+        group = cell if self.settings.within == "cell" else f"{cell}/B={config.get('batch_size')}"
+        if group not in self.cells:
+            self.cells[group] = self.make(float(config["epochs"]))
+        return self.cells[group]
 
     def _state_file(self) -> tuple[object, str] | None:
         if self.state is None:

@@ -35,6 +35,8 @@ from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, o
                    register_section)
 
 ALGORITHMS = ("grid", "random", "optuna")
+#: What an early-stopping scheduler compares a trial with: the cell's trials of the same B, or all of them.
+SCHEDULER_GROUPS = ("batch_size", "cell")
 #: Trial options a spec may set; each must also be a field of the trainer's config.
 TRIAL_OPTIONS = ("optimizer", "momentum", "weight_decay", "clip_fn", "norm_estimator", "sketch_k", "denoise",
                  "peft", "max_physical_batch_size", "device", "model_options")
@@ -122,6 +124,11 @@ class Scheduler:
     grace_epochs: int = 1
     reduction_factor: float = 3.0
     min_samples: int = 3
+    #: which trials are compared: ``batch_size`` (default) those of the cell with the same B, which
+    #: share their steps per epoch; ``cell`` every trial of the cell. Across B, early epochs mislead:
+    #: at B = 512 an epoch is a few steps, so large-B trials look worst at the first rung although
+    #: they often end best (measured in BENCHMARKS.md, "Time to an answer").
+    within: str = "batch_size"
 
 
 @dataclass(frozen=True)
@@ -317,10 +324,10 @@ def parse_pruning(value: Any, catalog: Catalog) -> Pruning:
 
 def parse_scheduler(value: Any) -> Scheduler:
     """``none`` (default), a name, or ``{name: asha, grace_epochs: 1, reduction_factor: 3}`` /
-    ``{name: median, grace_epochs: 1, min_samples: 3}``."""
+    ``{name: median, grace_epochs: 1, min_samples: 3}``, each with ``within: batch_size | cell``."""
     if value is None or isinstance(value, str):
         value = {"name": value or "none"}
-    raw = mapping(value, "search.scheduler", ("name", "grace_epochs", "reduction_factor", "min_samples"))
+    raw = mapping(value, "search.scheduler", ("name", "grace_epochs", "reduction_factor", "min_samples", "within"))
     name = choice(raw.get("name", "none"), "search.scheduler.name", SCHEDULERS)
     own = {"none": (), "asha": ("grace_epochs", "reduction_factor"), "median": ("grace_epochs", "min_samples")}[name]
     for key in ("grace_epochs", "reduction_factor", "min_samples"):
@@ -331,7 +338,8 @@ def parse_scheduler(value: Any) -> Scheduler:
     return Scheduler(name, integer(raw.get("grace_epochs", d.grace_epochs), "search.scheduler.grace_epochs", ge=1),
                      number(raw.get("reduction_factor", d.reduction_factor), "search.scheduler.reduction_factor",
                             gt=1),
-                     integer(raw.get("min_samples", d.min_samples), "search.scheduler.min_samples", ge=1))
+                     integer(raw.get("min_samples", d.min_samples), "search.scheduler.min_samples", ge=1),
+                     choice(raw.get("within", d.within), "search.scheduler.within", SCHEDULER_GROUPS))
 
 
 @register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler")

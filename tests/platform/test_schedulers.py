@@ -72,7 +72,8 @@ def test_the_rule_stops_a_known_set():
 
 def test_scheduler_section_is_validated(catalog):
     s = load_spec(spec_of({"name": "asha", "grace_epochs": 1, "reduction_factor": 3}), catalog)
-    assert s["search"].scheduler == Scheduler("asha", 1, 3.0)
+    assert s["search"].scheduler == Scheduler("asha", 1, 3.0, within="batch_size")
+    assert load_spec(spec_of({"name": "asha", "within": "cell"}), catalog)["search"].scheduler.within == "cell"
     assert load_spec(spec_of(None), catalog)["search"].scheduler.name == "none"
     for bad, message in [({"name": "hyperband"}, "search.scheduler.name: must be one of none, asha, median"),
                          ({"name": "median", "reduction_factor": 2}, "search.scheduler.reduction_factor: does not "
@@ -80,7 +81,9 @@ def test_scheduler_section_is_validated(catalog):
                          ({"name": "asha", "grace_epochs": 3}, "search.scheduler.grace_epochs: must be < the "
                                                                "smallest axes.epochs (3)"),
                          ({"name": "asha", "reduction_factor": 1}, "reduction_factor: must be a finite number > 1"),
-                         ({"name": "asha", "grace": 1}, "search.scheduler.grace: unknown key")]:
+                         ({"name": "asha", "grace": 1}, "search.scheduler.grace: unknown key"),
+                         ({"name": "asha", "within": "epoch"}, "search.scheduler.within: must be one of batch_size, "
+                                                               "cell")]:
         with pytest.raises(SpecError, match=__import__("re").escape(message)):
             load_spec(spec_of(bad), catalog)
 
@@ -128,6 +131,22 @@ def test_asha_stops_exactly_the_trials_it_should_within_each_cell(local_ray, tmp
     before = rows.set_index("trial_id")
     assert (again.loc[before.index, "status"] == before.status).all()
     assert (again.loc[before.index, "written_at"] == before.written_at).all()
+
+
+def test_asha_compares_trials_of_the_same_batch_size_only(local_ray, tmp_path, catalog):
+    # two B with the same accuracy curves: compared within each B, each B's group stops exactly the
+    # single-B set; compared across the cell, the second B's trials would meet the first B's rungs
+    spec = {**spec_of({"name": "asha", "grace_epochs": 1, "reduction_factor": RF}),
+            "axes": {"epsilon": [1], "backbone": "mlp", "dataset": "toy", "epochs": EPOCHS},
+            "batch_size": [20, 40], "pruning": {"min_steps": 5, "plateau_tol": 10.0}}
+    plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
+    assert plan.cells[0].searched_batch_sizes == (20, 40)
+    settings = RunSettings(experiment="by-b", storage=str(tmp_path), max_failures=0, max_concurrent=1, verbose=0)
+    run_sweep(plan, settings, trainable=rigged.rigged_trainable)
+    rows = ResultsStore(settings.paths.store).table("trials")
+    assert len(rows) == 2 * len(rigged.ACCURACY)
+    stopped = {(round(r.clip_bound, 6), r.batch_size) for r in rows[rows.status == "stopped"].itertuples()}
+    assert stopped == {(c, b) for b in (20, 40) for e, c in expected_stopped() if e == 1.0}
 
 
 def test_without_a_scheduler_every_trial_finishes(local_ray, tmp_path, catalog):
