@@ -33,38 +33,36 @@ def selected_test_accuracy(state: dict) -> float:
     return float(evaluate(trainer.model, data.test, data.num_classes, trainer.device)["accuracy"])
 
 
-def _quoted(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def release_selections(results: Iterable, paths: ExperimentPaths, *, out: TextIO = sys.stdout) -> list[dict]:
-    """Release every private cell of a finished sweep (``results``: Ray Tune's ResultGrid); returns
-    the rows written (one per cell released now)."""
-    cells: dict[str, list] = {}
-    for result in results:
-        spec = unflatten(result.config)
-        if spec.get("meta", {}).get("selection_k") is not None:
-            cells.setdefault(spec["meta"]["cell"], []).append((result, spec))
-    if not cells:
+    """Release every private cell of a finished sweep; returns the rows written (one per cell released
+    now). The scores come from the store (written as each trial ended, so a resumed sweep's kept trials
+    count too); the winner's model from its checkpoint in ``results`` (Ray Tune's ResultGrid)."""
+    by_config = {config_id(r.config): r for r in results}
+    if not any(unflatten(r.config).get("meta", {}).get("selection_k") is not None for r in by_config.values()):
         return []
     store = ResultsStore(paths.store)
+    rows = store.query("SELECT * FROM trials WHERE selection_k IS NOT NULL")
     written = []
-    for cell, entries in sorted(cells.items()):
-        k = int(entries[0][1]["meta"]["selection_k"])
-        if store.query(f"SELECT count(*) AS n FROM trials WHERE cell = {_quoted(cell)} AND selected")["n"][0]:
-            continue
-        ended = [(r, s) for r, s in entries if r.error is None and (r.metrics or {}).get("selection_score") is not None]
+    for cell, group in sorted(rows.groupby("cell"), key=lambda g: g[0]):
+        k = int(group.selection_k.iloc[0])
+        if group.selected.fillna(False).astype(bool).any():
+            continue   # released before: the test data is used once
+        ended = group[(group.status == "finished") & group.selection_score.notna()].drop_duplicates("selection_draw")
         if len(ended) < k:
             print(f"dptune: private selection of {cell}: {len(ended)} of its K={k} trials ended; nothing released "
                   "(resume the sweep: the total ε covers exactly the K drawn)", file=out)
             continue
-        result, spec = max(ended, key=lambda e: (e[0].metrics["selection_score"], -e[1]["meta"]["selection_draw"]))
-        state = checkpoint_state(result.checkpoint)
+        best = ended.sort_values(["selection_score", "selection_draw"], ascending=[False, True]).iloc[0]
+        result = by_config.get(best.config_id)
+        state = checkpoint_state(result.checkpoint) if result is not None else None
+        if state is None:
+            print(f"dptune: private selection of {cell}: the selected trial {best.trial_id} has no checkpoint; "
+                  "nothing released", file=out)
+            continue
         history = state["history"]
-        last = {**result.metrics, "history": history}
-        row = trial_row(result.metrics["trial_id"], resolved(spec), last, status="finished",
-                        experiment=paths.name)
-        row["config_id"] = config_id(result.config)
+        row = trial_row(best.trial_id, resolved(unflatten(result.config)), {**result.metrics, "history": history},
+                        status="finished", experiment=paths.name)
+        row["config_id"] = best.config_id
         row.update(selected=True, test_accuracy=selected_test_accuracy(state))
         store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
         written.append(row)

@@ -2,6 +2,7 @@
 exactly, each releasing one noisy validation score and no test accuracy; the best noisy score's
 trial released with the cell's total ε and its test accuracy, measured once after selection."""
 import io
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -13,6 +14,7 @@ from dptune.platform.query import run_query
 from dptune.platform.selection import release_selections
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import run_sweep
+from dptune.platform.trial_config import flatten
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import train
@@ -66,5 +68,6 @@ def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     frame = run_query(settings.paths.store, "SELECT cell, selection_k, trial_epsilon, total_epsilon, trial_id, "
                       "test_accuracy FROM trials WHERE selected", out=io.StringIO())
     assert len(frame) == 1 and frame.selection_k[0] == k and frame.test_accuracy[0] == best.test_accuracy
-    # releasing again touches nothing (the test data is used once)
-    assert release_selections([], settings.paths) == []
+    # releasing again (dptune resume) touches nothing: the test data is used once
+    again = [SimpleNamespace(config=flatten(cell.draw_config(i)), checkpoint=None, metrics={}) for i in range(k)]
+    assert release_selections(again, settings.paths, out=io.StringIO()) == []
