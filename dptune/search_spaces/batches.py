@@ -8,6 +8,7 @@ Two rules pick the batch sizes worth searching:
 * **plateau**: among the rest, keep B whose σ_B√T ≤ (1 + plateau_tol)·min σ√T.
 
 The smallest kept B is the recommended one. Stronger privacy widens the plateau towards small B.
+A cap on the searched B (``max_batch_sizes``) keeps B spread across the plateau (:func:`spread`).
 This module is the one home of both rules and their defaults (:data:`MIN_STEPS`,
 :data:`PLATEAU_TOL`): the planner prunes candidates with them before a sweep, and the analysis
 draws the same curves from a store after it.
@@ -106,6 +107,21 @@ def prune_rows(rows: list[Row], *, min_steps: int, plateau_tol: float) -> list[R
     for row in out:
         row["kept"] = row["reason"] is None
     return out
+
+
+def spread(kept: Iterable[int], limit: int | None) -> tuple[int, ...]:
+    """At most ``limit`` of the ``kept`` batch sizes, spread across them: the smallest (the
+    recommended one), the largest, and evenly spaced ranks between; all of them when ``limit`` is
+    None or not below their number. On the plateau σ√T hardly changes with B, but which end trains
+    best does (at ε = 1 on digits the largest B won: BENCHMARKS.md, "Time to an answer"), so a cap
+    keeps both ends rather than the smallest few."""
+    ordered = sorted(set(kept))
+    if limit is None or limit >= len(ordered):
+        return tuple(ordered)
+    if limit == 1:
+        return tuple(ordered[:1])
+    last = len(ordered) - 1
+    return tuple(ordered[i] for i in sorted({round(k * last / (limit - 1)) for k in range(limit)}))
 
 
 def rows_frame(rows: list[Row], columns: Iterable[str] = COLUMNS) -> pd.DataFrame:

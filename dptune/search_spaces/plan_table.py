@@ -85,7 +85,7 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
            f"η(B) = {lr.reference:g}·√(B/{lr.reference_batch_size}) × "
            f"{{{', '.join(f'{m:g}' for m in lr.multipliers)}}}",
            f"pruning: T ≥ {pr.min_steps} steps, σ√T within {pr.plateau_tol:.0%} of the cell's minimum, {limit} "
-           f"searched (the smallest; * = recommended)",
+           f"searched (spread across the plateau; * = recommended)",
            f"search: {space.search.algorithm}"
            + (f", {space.search.budget} configurations per cell, seed {space.search.seed}"
               if space.search.budget is not None else "")

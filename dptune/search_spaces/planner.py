@@ -2,8 +2,8 @@
 
 Each **cell** is one point of ε × backbone × dataset × epochs (× δ). Its batch-size candidates
 get σ from the accountant (all cells calibrated together, deduplicated, in parallel), are pruned
-by the minimum-step and σ√T plateau rules, and the smallest ``max_batch_sizes`` kept B are
-searched with the C grid and η(B) = η_ref·√(B/B_ref)·m.
+by the minimum-step and σ√T plateau rules, and at most ``max_batch_sizes`` kept B, spread across
+the plateau (:func:`~.batches.spread`), are searched with the C grid and η(B) = η_ref·√(B/B_ref)·m.
 
 A **trial spec** is ``{"train": …, "meta": …}`` (the platform's trial layout): ``train`` is a
 valid ``TrainConfig`` mapping, including the cell's axes and the precomputed ``noise_multiplier``
@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import pandas as pd
 
-from .batches import COLUMNS, Row, candidate_rows, fill_noise, prune_rows, rows_frame
+from .batches import COLUMNS, Row, candidate_rows, fill_noise, prune_rows, rows_frame, spread
 from .noise_table import NoiseRequest, calibrate_many
 from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace
 from .spec import Catalog, Spec
@@ -57,7 +57,8 @@ class CellPlan:
     """The pruned batch sizes of one cell and the configurations searched there.
 
     ``rows`` (and the same as a frame, ``batches``) are the cell's ``batch_plan`` rows plus
-    ``searched``: the kept B that trials use, the smallest ``pruning.max_batch_sizes`` of them.
+    ``searched``: the kept B that trials use, at most ``pruning.max_batch_sizes`` of them spread
+    across the plateau (the smallest, the largest, evenly spaced between).
     """
 
     cell: Cell
@@ -348,15 +349,13 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     else:
         sigmas, privacy = calibrate_many(requests, workers=workers, progress=progress), {}
     pruning = space.pruning
-    limit = pruning.max_batch_sizes or math.inf
     plans = []
     for c in cells:
         rows = fill_noise(candidates[c], lambda q, t, c=c: sigmas[request(c, q, t)])
         rows = prune_rows(rows, min_steps=pruning.min_steps, plateau_tol=pruning.plateau_tol)
-        kept = 0
+        chosen = spread([row["batch_size"] for row in rows if row["kept"]], pruning.max_batch_sizes)
         for row in rows:
-            kept += row["kept"]
-            row["searched"] = row["kept"] and kept <= limit
+            row["searched"] = row["batch_size"] in chosen
         plans.append(CellPlan(c, sizes[c.dataset], c.dataset.name in catalog.datasets,
                               not strict and c.dataset.name in space.dataset_sizes, tuple(rows), space,
                               privacy.get(c, {}), validation[c.dataset]))

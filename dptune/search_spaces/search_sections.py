@@ -104,7 +104,7 @@ class LearningRate:
 class Pruning:
     min_steps: int = MIN_STEPS
     plateau_tol: float = PLATEAU_TOL
-    max_batch_sizes: int | None = None   # search at most this many kept B per cell (the smallest)
+    max_batch_sizes: int | None = None   # search at most this many kept B per cell (spread: batches.spread)
 
 
 SCHEDULERS = ("none", "asha", "median")

@@ -55,13 +55,16 @@ def test_trial_specs_are_valid_train_configs_with_the_planned_privacy(catalog, t
     assert len(configs) == len(trials)                     # the grid, without repeats
 
 
-def test_max_batch_sizes_searches_the_smallest_kept(catalog, toy_spec):
-    spec = load_spec(toy_spec(pruning={"min_steps": 5, "plateau_tol": 10.0, "max_batch_sizes": 2}), catalog)
+@pytest.mark.parametrize("limit, searched", [(1, (5,)), (2, (5, 40)), (3, (5, 20, 40)), (4, (5, 10, 20, 40)),
+                                             (9, (5, 10, 20, 40))])
+def test_max_batch_sizes_searches_b_spread_across_the_plateau(catalog, toy_spec, limit, searched):
+    # the smallest kept B (the recommended one) first, then both ends, then evenly spaced ranks
+    spec = load_spec(toy_spec(pruning={"min_steps": 5, "plateau_tol": 10.0, "max_batch_sizes": limit}), catalog)
     plan = plan_sweep(spec, catalog, workers=1)
     for cell in plan:
         kept = cell.batches.loc[cell.batches["kept"], "batch_size"].tolist()
-        assert kept == [5, 10, 20, 40] and cell.searched_batch_sizes == (5, 10)
-        assert {t["train"]["batch_size"] for t in cell.trials()} == {5, 10}
+        assert kept == [5, 10, 20, 40] and cell.searched_batch_sizes == searched
+        assert {t["train"]["batch_size"] for t in cell.trials()} == set(searched)
 
 
 def test_random_search_samples_the_pruned_grid_reproducibly(catalog, toy_spec):
