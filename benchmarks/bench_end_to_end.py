@@ -9,7 +9,7 @@ B ∈ {32, 64, 128, 256, 512}, η = 2·√(B/128)·m with m ∈ {0.5, 1} (30 con
   Poisson sampling, hooks mode) and reports test accuracy each epoch; ``tune.grid_search`` over
   every configuration.
 - **dptune**: ``dptune sweep`` of the same cell and grid with the default spec's pruning (σ√T plateau,
-  minimum steps, the two smallest kept B), the same with ASHA early stopping
+  minimum steps, two kept B spread across the plateau), the same with ASHA early stopping
   (``search.scheduler: asha``), and ASHA over every B on the plateau (``dptune-asha-all-B``).
 
 Both run on local Ray with 2 concurrent one-CPU trials, one torch thread each. Reported: wall
@@ -34,7 +34,7 @@ from pathlib import Path
 EPSILON, DELTA, SEED = 1.0, 1e-5, 0
 CLIPS, BATCHES, MULTIPLIERS = [0.1, 1, 10], [32, 64, 128, 256, 512], [0.5, 1]
 ETA_REF, B_REF = 2.0, 128
-#: dptune runs: the default spec's pruning (the two smallest plateau B), with ASHA, every B on the plateau,
+#: dptune runs: the default spec's pruning (two plateau B: its ends), with ASHA, every B on the plateau,
 #: and every B with ASHA.
 RUNS = ["baseline", "dptune", "dptune-asha", "dptune-all-B", "dptune-asha-all-B"]
 
@@ -104,7 +104,7 @@ def run_baseline(epochs: int, storage: str) -> dict:
 
 def spec_text(epochs: int, scheduler: bool, capped: bool = True) -> str:
     """The cell as a dptune sweep spec (the embedded default's grid and pruning, ε = 1 only);
-    ``capped=False`` searches every B on the σ√T plateau, not only the two smallest."""
+    ``capped=False`` searches every B on the σ√T plateau, not only two of them."""
     search = "search: {algorithm: grid" + (", scheduler: {name: asha, grace_epochs: 1, reduction_factor: 3}}"
                                            if scheduler else "}")
     return f"""experiment: e2e
