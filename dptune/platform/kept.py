@@ -46,10 +46,10 @@ def kept_results(store: ResultsStore) -> dict[str, dict]:
 def keeping(trainable: Callable[[dict], None], kept: dict[str, dict]) -> Callable[[dict], None]:
     """``trainable``, except that a configuration in ``kept`` reports its stored result and ends."""
     @functools.wraps(trainable)
-    def run(config: dict) -> None:
+    def run(config: dict, **options: object) -> None:
         result = kept.get(config_id(config))
         if result is None:
-            trainable(config)
+            trainable(config, **options)
         else:
             tune_adapter.report({**result, KEPT: 1})
     return run

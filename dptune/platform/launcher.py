@@ -1,6 +1,7 @@
 """Start or join Ray and run trial configs with Ray Tune (fresh or restored), writing the store."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -13,7 +14,8 @@ from ray import tune
 
 from .callbacks import StoreCallback
 from .progress import TrialLines
-from .layout import DEFAULT_STORAGE, ExperimentPaths, absolute
+from .layout import DEFAULT_STORAGE, WORKER_RUNS, ExperimentPaths, absolute
+from .multi_worker import WorkerSpec, run_on_workers
 from .trainable import dp_trainable
 
 
@@ -27,6 +29,8 @@ class RunSettings:
     gpus_per_trial: float = 0.0
     max_failures: int = 2
     max_concurrent: int | None = None
+    workers: int = 1  # Ray Train workers per trial, each with cpus/gpus_per_trial (1: the trial is one process)
+    workers_from_batch_size: int | None = None  # trials with a smaller batch size run on one worker
     verbose: int = 0  # Ray Tune's own output (0: none; dptune prints one line per trial); 2 with --verbose
 
     @property
@@ -94,9 +98,26 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashbo
                  logging_level=logging.WARNING, configure_logging=True)
 
 
-def resourced(settings: RunSettings, function: Callable[[dict], None] = dp_trainable):
-    """The trainable with the per-trial resources of ``settings`` (fractional GPUs allowed)."""
-    return tune.with_resources(function, {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial})
+def resourced(settings: RunSettings, function: Callable[..., None] = dp_trainable):
+    """The trainable with the per-trial resources of ``settings`` (fractional GPUs allowed).
+
+    With ``settings.workers`` W > 1, a trial whose W is above one (:meth:`WorkerSpec.workers_for`)
+    gets ``on_workers``: its Tune function reserves nothing and runs the trial on W Ray Train
+    workers of (cpu, gpu) each (:mod:`.multi_worker`)."""
+    if settings.workers <= 1:
+        return tune.with_resources(function, {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial})
+    spec = WorkerSpec(workers=settings.workers, cpu=settings.cpus_per_trial, gpu=settings.gpus_per_trial,
+                      max_failures=settings.max_failures, from_batch_size=settings.workers_from_batch_size,
+                      storage=f"{settings.paths.absolute().root}/{WORKER_RUNS}")
+
+    @functools.wraps(function)
+    def trial(config: dict) -> None:
+        if spec.workers_for(config) == 1:
+            function(config)
+        else:
+            function(config, on_workers=functools.partial(run_on_workers, spec=spec))
+
+    return tune.with_resources(trial, spec.resources_for)
 
 
 def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfig:

@@ -6,6 +6,7 @@
     dptune_settings.json         the run settings, so ``resume`` uses the same resources
     store/                       the Parquet results store (``dptune query --store`` takes it or the root)
     analysis/                    heatmaps and report of a local experiment
+    workers/                     Ray Train's runs of multi-worker trials (resources.workers > 1)
 ```
 
 Every rule about these paths lives here: what a URI is, how the folders are named, which
@@ -24,6 +25,8 @@ DEFAULT_STORAGE = "./dptune-results"
 DEFAULT_EXPERIMENT = "default"
 #: Folder and file names inside an experiment root.
 STORE, ANALYSIS, SETTINGS_FILE = "store", "analysis", "dptune_settings.json"
+#: Ray Train's runs of multi-worker trials (their checkpoints between worker restarts).
+WORKER_RUNS = "workers"
 #: Figures are written with local file APIs: those of a remote experiment go here.
 REMOTE_ANALYSIS = "./dptune-analysis"
 

@@ -4,6 +4,9 @@
 experiment: digits-small      # folder name under storage
 storage: ./dptune-results     # local path, NFS mount, or s3://bucket/prefix
 resources: {cpu: 1, gpu: 0}   # per trial; fractional GPUs allowed (gpu: 0.25 → four trials per GPU)
+# resources: {workers: 4, gpu: 1, cpu: 4, workers_from_batch_size: 4096}
+#   one trial on 4 Ray Train workers with 1 GPU and 4 CPUs each (the same result as on one worker);
+#   trials with a batch size below 4096 stay on one worker [workers: 1, every trial]
 failure: {max_failures: 2}    # retries of a trial after a node or actor failure
 ```
 """
@@ -24,6 +27,8 @@ class Resources:
     cpu: float = 1.0
     gpu: float = 0.0
     max_concurrent: int | None = None
+    workers: int = 1                 # Ray Train workers per trial; cpu and gpu are per worker
+    workers_from_batch_size: int | None = None  # smaller batch sizes run on one worker
 
 
 @register_section("experiment", default=DEFAULT_EXPERIMENT, summary="experiment name (a folder under storage)")
@@ -40,15 +45,23 @@ def parse_storage(value: Any, catalog: Catalog) -> str:
     return value
 
 
-@register_section("resources", default={}, summary="per-trial cpu and gpu (fractional allowed)")
+@register_section("resources", default={}, summary="per-trial (per-worker) cpu and gpu, workers per trial")
 def parse_resources(value: Any, catalog: Catalog) -> Resources:
-    value = mapping(value, "resources", ("cpu", "gpu", "max_concurrent"))
+    value = mapping(value, "resources", ("cpu", "gpu", "max_concurrent", "workers", "workers_from_batch_size"))
     cpu = number(value.get("cpu", 1), "resources.cpu", gt=0)
     gpu = number(value.get("gpu", 0), "resources.gpu", ge=0)
     if gpu > 1 and not gpu.is_integer():
         raise SpecError(f"resources.gpu: above 1 must be a whole number of GPUs; got {gpu!r}")
     concurrent = value.get("max_concurrent")
-    return Resources(cpu, gpu, None if concurrent is None else integer(concurrent, "resources.max_concurrent", ge=1))
+    workers = integer(value.get("workers", 1), "resources.workers", ge=1)
+    if workers > 1 and 0 < gpu < 1:
+        raise SpecError(f"resources.gpu: with workers > 1 must be 0 or a whole number of GPUs per worker "
+                        f"(NCCL needs one GPU per worker); got {gpu!r}")
+    from_batch = value.get("workers_from_batch_size")
+    if from_batch is not None:
+        from_batch = integer(from_batch, "resources.workers_from_batch_size", ge=1)
+    return Resources(cpu, gpu, None if concurrent is None else integer(concurrent, "resources.max_concurrent", ge=1),
+                     workers, from_batch)
 
 
 @register_section("failure", default={}, summary="max_failures: retries of a trial after a failure")

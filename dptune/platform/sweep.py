@@ -45,7 +45,8 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
     resources = spec["resources"]
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
                            cpus_per_trial=resources.cpu, gpus_per_trial=resources.gpu,
-                           max_failures=spec["failure"], max_concurrent=resources.max_concurrent)
+                           max_failures=spec["failure"], max_concurrent=resources.max_concurrent,
+                           workers=resources.workers, workers_from_batch_size=resources.workers_from_batch_size)
     print(format_plan(plan, dry_run=False), file=out)
     for note in plan.notes:
         print(f"note: {note}", file=out)

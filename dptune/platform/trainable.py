@@ -10,6 +10,7 @@ the checkpoint, where the driver-side store callback reads it.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from ..trainables.config import TrainConfig
 from ..trainables.training import Trainer
@@ -21,8 +22,13 @@ class TrialDiverged(FloatingPointError):
     """The training loss became NaN or infinite (the trial is recorded as errored)."""
 
 
-def dp_trainable(config: dict) -> None:
-    """Train the configured model with DP for the planned steps, reporting after every epoch."""
+def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
+    """Train the configured model with DP for the planned steps, reporting after every epoch.
+    ``on_workers`` (set by the launcher for a multi-worker trial, :mod:`.multi_worker`) runs the
+    trial on its Ray Train workers instead of in this process."""
+    if on_workers is not None:
+        on_workers(config)
+        return
     spec = unflatten(config)
     cfg = TrainConfig.from_dict(spec["train"])
     trainer = Trainer(cfg)

@@ -24,13 +24,27 @@ def report(metrics: dict, state: dict | None = None) -> None:
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
 
 
+def train_report(metrics: dict, state: dict | None = None) -> None:
+    """A Ray Train worker's report of one epoch (multi-worker trials): every worker reports, rank 0
+    with a checkpoint of ``state``."""
+    import ray.train
+
+    if state is None:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        torch.save(state, os.path.join(directory, STATE_FILE))
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+
 def restore_state() -> dict[str, Any] | None:
     """The state saved with the trial's latest checkpoint, or None for a fresh trial."""
     return checkpoint_state(tune.get_checkpoint())
 
 
 def checkpoint_state(checkpoint: tune.Checkpoint | None) -> dict[str, Any] | None:
-    """The state saved in a given checkpoint (driver side, e.g. a finished trial's last one)."""
+    """The state saved in a given checkpoint (driver side, e.g. a finished trial's last one; or a
+    Ray Train checkpoint of a multi-worker trial)."""
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:

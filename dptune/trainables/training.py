@@ -24,6 +24,7 @@ from .config import TrainConfig
 from .data import DATASETS, DatasetSplits, load_dataset, take
 from .splits import with_validation
 from .denoise import epoch_cosine_metrics, epoch_denoise_metrics
+from .distributed import Workers, baseline_gradient
 from .engine import DPEngine
 from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
@@ -109,8 +110,9 @@ def load_training_data(cfg: TrainConfig, model_options: dict) -> DatasetSplits:
 class Trainer:
     """State and loop of one run; ``run_epoch`` trains to the next epoch boundary and evaluates."""
 
-    def __init__(self, cfg: TrainConfig, data: DatasetSplits | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, data: DatasetSplits | None = None, *, workers: Workers | None = None) -> None:
         self.cfg = cfg.validate()
+        self.workers = workers or Workers()  # W data-parallel workers (distributed.py); one by default
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         model_options = {**_given(peft=cfg.peft, weights=cfg.weights), **cfg.model_options}
@@ -128,6 +130,8 @@ class Trainer:
                                         weight_decay=cfg.weight_decay)
         self.sampler = PoissonSampler(self.n_train, self.plan.sample_rate, seed=cfg.seed)
         self.noise_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
+        # Randomised estimators' probes, per (step, layer): the same for any micro-batching or W.
+        self.probe_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 2)
         self.engine = None
         if cfg.private:
             self.engine = DPEngine(self.model, nn.CrossEntropyLoss(reduction="none"), clip_bound=cfg.clip_bound,
@@ -136,7 +140,9 @@ class Trainer:
                                    clip_fn=cfg.clip_fn, max_physical_batch_size=cfg.max_physical_batch_size,
                                    generator=self.noise_generator, denoise_kappa=cfg.denoise_kappa,
                                    denoise_norm_correction=cfg.denoise_norm_correction,
-                                   denoise_scope=cfg.denoise_scope, diagnostics=cfg.diagnostics)
+                                   denoise_scope=cfg.denoise_scope, diagnostics=cfg.diagnostics,
+                                   probe_generator=self.probe_generator,
+                                   all_reduce=self.workers.sum if self.workers.size > 1 else None)
         self.step = 0
         self.epoch = 0
         self.train_time_s = 0.0
@@ -156,7 +162,7 @@ class Trainer:
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict | None, list | None] | None:
         """One optimizer step on a Poisson batch; returns (norms, labels, denoise statistics or
         None, the denoise_cosine diagnostic's rows or None) when private."""
-        idx = self.sampler.sample()
+        idx = self.workers.shard(self.sampler.sample(), self.n_train)  # the global batch's part on this worker
         x, y = take(self.data.train, idx)
         x, y = to_device(x, self.device), y.to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
@@ -165,6 +171,9 @@ class Trainer:
             stats = self.engine.private_gradient(x, y)
             out = (stats["norms"].cpu(), y.cpu(), stats.get("denoise"), stats.get("denoise_cosine"))
             self.optimizer.step()
+        elif self.workers.size > 1:  # non-private baseline on W workers: the global batch's mean loss
+            if baseline_gradient(self.model, x, y, self.workers):
+                self.optimizer.step()
         elif len(y):  # non-private baseline: plain mean loss over the realised batch
             nn.functional.cross_entropy(model_outputs(self.model, x), y).backward()
             self.optimizer.step()
@@ -206,6 +215,7 @@ class Trainer:
                                                      sketch_k=self.cfg.sketch_k)
             all_norms = torch.cat(norms) if norms else torch.zeros(0)
             all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
+            all_norms, all_labels = self.workers.gather(all_norms), self.workers.gather(all_labels)  # all shards
             metrics["clipped_fraction"] = float((all_norms > self.cfg.clip_bound).float().mean()) if len(all_norms) else 0.0
             # Non-private diagnostic: computed from the private training examples.
             metrics["nonprivate_gradnorms"] = class_norm_statistics(all_norms, all_labels, self.cfg.clip_bound,
@@ -237,10 +247,16 @@ class Trainer:
         """Everything a resumed run needs: trainable weights, optimizer, RNG states, counters."""
         return {"model": self.trainable_state(), "optimizer": self.optimizer.state_dict(),
                 "sampler": self.sampler.state_dict(), "noise_generator": self.noise_generator.get_state(),
+                "probe_generator": self.probe_generator.get_state(), "workers": self.workers.size,
                 "torch_rng": torch.get_rng_state(), "step": self.step, "epoch": self.epoch,
                 "train_time_s": self.train_time_s, "config": self.cfg.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("workers", 1)
+        if saved != self.workers.size:
+            raise ValueError(f"this checkpoint was written by a run on {saved} worker(s); it resumes with the same "
+                             f"result only on {saved} (the shards and step order depend on it), not on "
+                             f"{self.workers.size}: set resources.workers to {saved}")
         missing = set(self.trainable_state()) - set(state["model"])
         if missing:
             raise ValueError(f"checkpoint lacks trainable tensors: {', '.join(sorted(missing))}")
@@ -248,6 +264,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])
         self.noise_generator.set_state(state["noise_generator"])
+        if "probe_generator" in state:
+            self.probe_generator.set_state(state["probe_generator"])
         torch.set_rng_state(state["torch_rng"])
         self.step, self.epoch, self.train_time_s = state["step"], state["epoch"], state["train_time_s"]
 

@@ -1,0 +1,170 @@
+"""One trial on W workers: a Ray Train ``TorchTrainer`` nested in the trial's Ray Tune function.
+
+With ``resources: {workers: W}`` (W > 1) a trial's Tune function reserves no resources itself and
+starts a ``TorchTrainer`` with W workers of ``cpu``/``gpu`` each (one process group per trial: gloo
+on CPU, NCCL on GPU), Ray's supported way to nest Train in Tune. Every worker runs the same
+:class:`~dptune.trainables.training.Trainer` with :class:`~dptune.trainables.distributed.ProcessGroupWorkers`:
+the same global Poisson batch split into shards, the clipped sums all-reduced, the noise drawn
+once (identically on every worker), identical optimizer steps (see :mod:`dptune.trainables.distributed`).
+
+Checkpoints: after every epoch rank 0 reports the run's state (weights, optimizer, the generators,
+which are in the same state on every worker, step, history) as a Ray Train checkpoint; the Tune
+function relays each report to Ray Tune with the same state, so the store callback, schedulers
+and ``dptune resume`` see a multi-worker trial exactly as a one-worker one. A worker failure
+restarts the trial's worker group from Train's latest checkpoint (Ray Train's ``FailureConfig``);
+a trial restored by Tune resumes from Tune's checkpoint. A checkpoint resumes only on as many
+workers as wrote it (the shards depend on W): another W is refused before any worker starts.
+
+Limitation: when a scheduler stops a multi-worker trial early, its Train run is not interrupted
+(Ray Train has no call for it); it runs to its end with nobody reading its reports.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import queue as std_queue
+import threading
+from dataclasses import dataclass
+
+import ray
+import ray.train
+from ray import tune
+
+from . import tune_adapter
+from .trainable import TrialDiverged, check_plan, epoch_report
+from .trial_config import unflatten
+
+logging.getLogger("ray.train").setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How multi-worker trials run: ``workers`` W per trial (trials with a batch size below
+    ``from_batch_size`` run on one), ``cpu``/``gpu`` per worker, restarts after a worker failure,
+    and where Ray Train keeps each trial's run (``storage``: ``<experiment>/workers``)."""
+
+    workers: int = 1
+    cpu: float = 1.0
+    gpu: float = 0.0
+    max_failures: int = 2
+    from_batch_size: int | None = None
+    storage: str = ""
+
+    def workers_for(self, config: dict) -> int:
+        """W for one trial's flat config (1 below ``from_batch_size``)."""
+        batch = unflatten(config)["train"].get("batch_size")
+        if self.from_batch_size is not None and batch is not None and int(batch) < self.from_batch_size:
+            return 1
+        return self.workers
+
+    def resources_for(self, config: dict) -> tune.PlacementGroupFactory:
+        """What Tune reserves for the trial: cpu/gpu for a one-worker trial; next to nothing for the
+        Tune function of a multi-worker trial (its Train workers reserve W × (cpu, gpu) themselves;
+        a fraction of a CPU would keep a worker needing a whole one off a full node)."""
+        if self.workers_for(config) == 1:
+            return tune.PlacementGroupFactory([{"CPU": self.cpu, "GPU": self.gpu}])
+        return tune.PlacementGroupFactory([{"memory": 1}])  # one byte: Tune refuses an empty request
+
+
+def run_on_workers(config: dict, spec: WorkerSpec) -> None:
+    """The Tune side of a multi-worker trial: start its Train run, relay every epoch's report
+    (metrics and state) to Tune, and raise what the run raised."""
+    from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Empty, Queue
+
+    restored = tune.get_checkpoint()
+    state = tune_adapter.checkpoint_state(restored)
+    if state is not None:
+        check_workers(state, spec.workers)
+    reports = Queue(actor_options={"num_cpus": 0})
+    per_worker = {"CPU": spec.cpu, **({"GPU": spec.gpu} if spec.gpu else {})}
+    trainer = TorchTrainer(
+        _worker_loop, train_loop_config={"config": config},
+        torch_config=TorchConfig(backend="nccl" if spec.gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpu > 0, resources_per_worker=per_worker),
+        run_config=RunConfig(name=f"trial-{tune.get_context().get_trial_id()}", storage_path=spec.storage,
+                             failure_config=FailureConfig(max_failures=spec.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2), callbacks=[_Relay(reports)]),
+        resume_from_checkpoint=None if restored is None else Checkpoint(restored.path, restored.filesystem))
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as error:  # re-raised in the Tune function below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=fit, name="dptune-train-run", daemon=True)
+    thread.start()
+    while True:
+        try:
+            metrics, checkpoint = reports.get(timeout=1.0)
+        except (Empty, std_queue.Empty):
+            if not thread.is_alive() and reports.empty():
+                break
+            continue
+        tune_adapter.report(metrics, state=tune_adapter.checkpoint_state(checkpoint))
+        if not math.isfinite(metrics.get("loss", 0.0)):
+            thread.join()
+            raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics.get('epoch')}")
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+
+
+def check_workers(state: dict, workers: int) -> None:
+    """Refuse a checkpoint written on another number of workers (before any worker starts)."""
+    saved = state.get("trainer", {}).get("workers", 1)
+    if saved != workers:
+        raise ValueError(f"this trial's checkpoint was written on {saved} worker(s); it resumes with the same result "
+                         f"only on {saved}, not on {workers}: set resources.workers to {saved}")
+
+
+def _worker_loop(loop_config: dict) -> None:
+    """One Train worker: the trial's Trainer on this worker's shard, reporting after every epoch
+    (rank 0 with the state as a checkpoint). A diverged loss is reported, then training ends."""
+    import torch
+
+    from ..trainables.config import TrainConfig
+    from ..trainables.distributed import ProcessGroupWorkers
+    from ..trainables.training import Trainer
+
+    logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per report and checkpoint
+    spec = unflatten(loop_config["config"])
+    cfg = TrainConfig.from_dict(spec["train"])
+    if cfg.device in ("auto", "cuda") and torch.cuda.is_available():
+        device = ray.train.torch.get_device()
+        torch.cuda.set_device(device)
+        cfg = dataclasses.replace(cfg, device=str(device))
+    trainer = Trainer(cfg, workers=ProcessGroupWorkers())
+    check_plan(spec.get("meta", {}), trainer)
+    rank0 = trainer.workers.rank == 0
+    history: list[dict] = []
+    state = tune_adapter.checkpoint_state(ray.train.get_checkpoint())
+    if state is not None:
+        trainer.load_state_dict(state["trainer"])
+        history = state["history"]
+        if trainer.done and history:  # restored at its end: report it again
+            tune_adapter.train_report(epoch_report(history[-1], trainer, history),
+                                      state={"trainer": trainer.state_dict(), "history": history} if rank0 else None)
+    while not trainer.done:
+        metrics = trainer.run_epoch()
+        history.append(metrics)
+        tune_adapter.train_report(epoch_report(metrics, trainer, history),
+                                  state={"trainer": trainer.state_dict(), "history": history} if rank0 else None)
+        if not math.isfinite(metrics.get("loss", 0.0)):
+            return
+
+
+class _Relay(ray.train.UserCallback):
+    """Ray Train callback (on the run's controller): hands rank 0's metrics and the persisted
+    checkpoint of every report to the trial's Tune function."""
+
+    def __init__(self, reports: object) -> None:
+        self.reports = reports
+
+    def after_report(self, run_context: object, metrics: list[dict], checkpoint: object) -> None:
+        self.reports.put((dict(metrics[0]), checkpoint))
+

@@ -1,0 +1,149 @@
+"""Multi-worker trials on real Ray (Ray Train, gloo on CPU): W = 2 gives the one-worker result, the
+noise is added once, and a sweep mixing W = 1 and W = 2 trials stores every row once.
+
+Each Ray Train run costs seconds to start on a small machine, so the equivalence cases share one run.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+
+import pytest
+import ray
+import torch
+from torch.utils.data import TensorDataset
+
+from dptune.platform import tune_adapter
+from dptune.platform.launcher import RunSettings, run_trials
+from dptune.platform.store import ResultsStore
+from dptune.trainables.config import TrainConfig
+from dptune.trainables.data import load_dataset
+from dptune.trainables.distributed import shard_bounds
+from dptune.trainables.engine import DPEngine
+from dptune.trainables.sampling import PoissonSampler
+from dptune.trainables.training import Trainer
+
+STEPS = 12
+SIGMA, BATCH = 2.0, 10.0
+#: Trainer cases compared between W = 1 and W = 2: exact and Hutchinson norms, with and without micro-batches.
+CASES = [{}, {"max_physical_batch_size": 3}, {"norm_estimator": "hutchinson", "sketch_k": 4},
+         {"norm_estimator": "hutchinson", "sketch_k": 4, "max_physical_batch_size": 3}]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def config(**options) -> TrainConfig:
+    return TrainConfig(dataset="digits", model="mlp", epsilon=2.0, epochs=1, batch_size=4, noise_multiplier=1.0,
+                       learning_rate=0.5, momentum=0.9, model_options={"hidden": 8}, device="cpu", seed=3, **options)
+
+
+def digits64():
+    splits = load_dataset("digits", seed=3)
+    as64 = lambda d: TensorDataset(d.tensors[0].double(), d.tensors[1])  # noqa: E731
+    return replace(splits, train=as64(splits.train), test=as64(splits.test))
+
+
+def train_steps(trainer: Trainer) -> dict[str, torch.Tensor]:
+    for _ in range(STEPS):
+        trainer.train_step()
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def noise_engine(all_reduce=None) -> DPEngine:
+    """An engine on a 100×100 layer whose clipped sums are zero (an empty batch): ĝ is its noise alone."""
+    layer = torch.nn.Linear(100, 100, bias=False).double()
+    return DPEngine(layer, torch.nn.CrossEntropyLoss(reduction="none"), clip_bound=1.0, noise_multiplier=SIGMA,
+                    expected_batch_size=BATCH, generator=torch.Generator().manual_seed(11), all_reduce=all_reduce)
+
+
+def empty_gradient(engine: DPEngine) -> torch.Tensor:
+    engine.private_gradient(torch.zeros(0, 100, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
+    return engine.model.weight.grad.clone()
+
+
+def test_two_workers_equal_one_and_add_the_noise_once(local_ray, tmp_path):
+    from ray.train import ScalingConfig, RunConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    out = tmp_path / "two_workers.pt"
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test file
+
+    def per_worker(loop_config: dict) -> None:  # a closure: Ray pickles it by value
+        import torch.distributed as dist
+        from dptune.trainables.distributed import ProcessGroupWorkers
+
+        torch.set_num_threads(1)
+        torch.set_default_dtype(torch.float64)
+        workers = ProcessGroupWorkers()
+        params = [train_steps(Trainer(config(**case), digits64(), workers=workers)) for case in CASES]
+        noise = empty_gradient(noise_engine(all_reduce=workers.sum))
+        noises = [torch.zeros_like(noise) for _ in range(workers.size)]
+        dist.all_gather(noises, noise)
+        if workers.rank == 0:
+            torch.save({"params": params, "noises": noises}, loop_config["out"])
+
+    TorchTrainer(per_worker, train_loop_config={"out": str(out)}, torch_config=TorchConfig(backend="gloo"),
+                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+                 run_config=RunConfig(storage_path=str(tmp_path / "train"), name="equivalence")).fit()
+    two = torch.load(out)
+
+    # W = 1 with the same seeds (float64): the same parameters after STEPS steps
+    torch.set_default_dtype(torch.float64)
+    try:
+        for case, params in zip(CASES, two["params"]):
+            one = train_steps(Trainer(config(**case), digits64()))
+            for name, p in one.items():
+                assert torch.allclose(params[name], p, rtol=1e-6, atol=1e-12), (case, name)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    # ... including steps where one worker's shard of the global Poisson batch was empty
+    sampler, n = PoissonSampler(1437, 4 / 1437, seed=3), 1437
+    shard_sizes = []
+    for _ in range(STEPS):
+        idx = sampler.sample()
+        shard_sizes += [int(((idx >= lo) & (idx < hi)).sum()) for lo, hi in (shard_bounds(n, r, 2) for r in range(2))]
+    assert 0 in shard_sizes and max(shard_sizes) > 0
+
+    # noise added once: zero clipped sums leave ĝ = σCξ/(BC), std σ/B per coordinate (not σ√W/B),
+    # the same on both workers and equal to the one-worker draw
+    noise_0, noise_1 = two["noises"]
+    assert torch.equal(noise_0, noise_1)
+    assert torch.equal(noise_0, empty_gradient(noise_engine()))
+    assert float(noise_0.std()) == pytest.approx(SIGMA / BATCH, rel=0.05)  # σ√2/B is 41 % away
+    assert abs(float(noise_0.mean())) < 4 * SIGMA / BATCH / 100
+
+
+def test_sweep_mixing_one_and_two_worker_trials(local_ray, tmp_path):
+    """Two trials, B = 32 on one worker and B = 64 on two (workers_from_batch_size = 64): each
+    stored once, finished, and the two-worker trial ends with the one-worker run's weights."""
+    def trial(batch_size: int) -> dict:
+        return {"train": {"dataset": "digits", "model": "mlp", "epsilon": 4.0, "epochs": 1, "batch_size": batch_size,
+                          "learning_rate": 1.0, "clip_bound": 1.0, "seed": 0, "model_options": {"hidden": 16},
+                          "device": "cpu"},
+                "meta": {"cell": "digits|mlp|eps=4"}}
+
+    settings = RunSettings(experiment="mixed", storage=str(tmp_path), max_failures=0, workers=2,
+                           workers_from_batch_size=64)
+    results = run_trials([trial(32), trial(64)], settings)
+    assert all(r.error is None for r in results)
+    rows = ResultsStore(settings.paths.store).table("trials")
+    assert sorted(rows.batch_size) == [32, 64] and rows.trial_id.is_unique and (rows.status == "finished").all()
+    epochs = ResultsStore(settings.paths.store).table("epochs")
+    assert len(epochs) == 2 and epochs.trial_id.is_unique
+
+    on_two = next(r for r in results if r.config["trial"]["train"]["batch_size"] == 64)
+    state = tune_adapter.checkpoint_state(on_two.checkpoint)
+    assert state["trainer"]["workers"] == 2
+    one = Trainer(TrainConfig.from_dict(trial(64)["train"]))
+    while not one.done:
+        one.run_epoch()
+    for name, p in one.trainable_state().items():
+        assert torch.allclose(state["trainer"]["model"][name], p, rtol=1e-4, atol=1e-6), name
+    assert on_two.metrics["accuracy"] == pytest.approx(float(rows[rows.batch_size == 64].accuracy.iloc[0]))
+    assert math.isfinite(on_two.metrics["epsilon_spent"])
