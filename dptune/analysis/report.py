@@ -215,6 +215,34 @@ def _summary_section(a: Analysis) -> str:
     return "<h2 id='summary'>Sweep summary</h2>" + _table(s, wrap=("C", "B", "η"))
 
 
+def _private_selection_section(a: Analysis) -> str:
+    """Private selection ("Hyperparameter Tuning with Renyi Differential Privacy", Papernot & Steinke,
+    ICLR 2022): per cell, K drawn, per-trial and total ε, the released trial and its test accuracy."""
+    t = a.sweep.trials
+    if "selection_k" not in t or t["selection_k"].isna().all():
+        return ""
+    rows = []
+    for cell, group in t[t["selection_k"].notna()].groupby("cell_name", sort=True):
+        chosen = group[group["selected"].fillna(False).astype(bool)] if "selected" in group else group.iloc[:0]
+        r = chosen.iloc[0] if len(chosen) else None
+        ended = group[(group["status"] == "finished") & group["selection_score"].notna()]
+        rows.append({"cell": cell, "K": int(group["selection_k"].iloc[0]), "ended": len(ended),
+                     "per-trial ε": _cell_text(group["trial_epsilon"].max()),
+                     "total ε": _cell_text(group["total_epsilon"].max()),
+                     "released trial": "— (not released)" if r is None else r["trial_id"],
+                     "C": "—" if r is None else _cell_text(r["clip_bound"]),
+                     "B": "—" if r is None else _cell_text(r["batch_size"]),
+                     "η": "—" if r is None else _cell_text(r["learning_rate"]),
+                     "noisy score": "—" if r is None else _acc(r["selection_score"]),
+                     "test accuracy": "—" if r is None else _acc(r["test_accuracy"])})
+    return ("<h2 id='selection'>Private selection: the released model per cell</h2>"
+            "<p class='note'>Each cell is one private selection: K trials drawn at random, each releasing its "
+            "validation accuracy with Gaussian noise; the best noisy score's model is released with the total ε "
+            "(tuning included, from dp-accounting's RDP accountant) and is the only one evaluated on the test data. "
+            "In the other sections a private-selection trial's accuracy is its noisy validation score.</p>"
+            + _table(pd.DataFrame(rows)))
+
+
 def _optima_section(a: Analysis) -> str:
     o = a.optima
     rows = []
@@ -357,7 +385,7 @@ def build_report(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[f
             "<a href='#noise'>Noise curves</a><a href='#gradnorms'>Gradient norms (non-private)</a>"
             "<a href='#errors'>Errors</a></nav>",
             f"<ul class='note'>{notes}</ul>" if notes else "",
-            _summary_section(a), _optima_section(a), _heatmap_section(a), _noise_section(a, min_steps, plateau_tol),
+            _summary_section(a), _private_selection_section(a), _optima_section(a), _heatmap_section(a), _noise_section(a, min_steps, plateau_tol),
             _gradnorm_section(a), _errors_section(a)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"

@@ -8,6 +8,7 @@ import pytest
 import ray
 import torch
 
+from dptune.analysis.report import build_report
 from dptune.platform.catalog import trainables_catalog
 from dptune.platform.launcher import RunSettings
 from dptune.platform.query import run_query
@@ -68,6 +69,9 @@ def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     frame = run_query(settings.paths.store, "SELECT cell, selection_k, trial_epsilon, total_epsilon, trial_id, "
                       "test_accuracy FROM trials WHERE selected", out=io.StringIO())
     assert len(frame) == 1 and frame.selection_k[0] == k and frame.test_accuracy[0] == best.test_accuracy
+    # the report shows the release per cell
+    page = build_report(store)
+    assert "Private selection: the released model per cell" in page and f"{best.test_accuracy:.3f}" in page
     # releasing again (dptune resume) touches nothing: the test data is used once
     again = [SimpleNamespace(config=flatten(cell.draw_config(i)), checkpoint=None, metrics={}) for i in range(k)]
     assert release_selections(again, settings.paths, out=io.StringIO()) == []
