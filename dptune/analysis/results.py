@@ -20,7 +20,8 @@ from ..platform.store import ResultsStore
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 #: Training options that split cells when they vary within a store (NULL means the default).
-OPTION_COLUMNS = ("delta", "optimizer", "momentum", "clip_fn", "norm_estimator", "sketch_k", "denoise", "peft")
+OPTION_COLUMNS = ("delta", "optimizer", "momentum", "clip_fn", "norm_estimator", "sketch_k", "denoise",
+                  "denoise_kappa", "denoise_norm_correction", "denoise_scope", "peft")
 HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate")
 #: δ = 1e-5 unless set (a NULL delta in the store is the default).
 DEFAULT_DELTA = 1e-5

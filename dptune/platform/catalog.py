@@ -11,7 +11,7 @@ from ..search_spaces.search_sections import BACKBONE_FIELDS
 from ..trainables.clip_factors import CLIP_FNS
 from ..trainables.config import TrainConfig
 from ..trainables.data import DATASETS, train_size
-from ..trainables.engine import DENOISERS, NORM_ENGINES
+from ..trainables.engine import DENOISE_SCOPES, DENOISERS, DIAGNOSTICS, NORM_ENGINES
 from ..trainables.finetuning import PEFT_METHODS
 from ..trainables.models import MODELS
 from ..trainables.optimizers import OPTIMIZERS
@@ -68,6 +68,7 @@ def trainables_catalog() -> Catalog:
     included), the trainer's config fields, its option values, and the option checks."""
     return Catalog(datasets=DATASETS, backbones=MODELS, dataset_size=dataset_size,
                    options={"optimizer": OPTIMIZERS, "clip_fn": tuple(CLIP_FNS),
-                            "norm_estimator": tuple(NORM_ENGINES), "denoise": (None, *DENOISERS)},
+                            "norm_estimator": tuple(NORM_ENGINES), "denoise": (None, *DENOISERS),
+                            "denoise_scope": tuple(DENOISE_SCOPES), "diagnostics": tuple(DIAGNOSTICS)},
                    train_fields=tuple(f.name for f in dataclasses.fields(TrainConfig)),
                    check_backbone=check_backbone, check_dataset=check_dataset)

@@ -7,7 +7,8 @@ from .store import to_json
 
 AXES = ("dataset", "model", "epsilon", "delta", "epochs")
 HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate", "optimizer", "momentum", "clip_fn",
-                   "norm_estimator", "sketch_k", "denoise", "peft", "seed")
+                   "norm_estimator", "sketch_k", "denoise", "denoise_kappa", "denoise_norm_correction",
+                   "denoise_scope", "peft", "seed")
 SELECTION_FIELDS = ("selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
 EPOCH_FIELDS = ("epoch", "step", "accuracy", "loss", "epsilon_spent", "clipped_fraction", "train_time_s")
 

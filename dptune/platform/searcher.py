@@ -174,7 +174,7 @@ class SweepSearcher(Searcher):
         is fully clipped in every seed, the smaller C are recorded as equivalent instead of trained.
         The decision reads private gradient norms: it is NOT differentially private."""
         plan = self.plan.cells[cell]
-        options = self.plan.space.trial.config()
+        options = plan.trial.config()
         return (self.clip_equivalence and self.plan.space.search.algorithm == "grid"
                 and options.get("clip_fn", "flat") == "flat" and math.isfinite(plan.cell.epsilon)
                 and len(plan.clip_bounds) > 1)
@@ -312,7 +312,8 @@ class SweepSearcher(Searcher):
         me = cells[cell]
         out = []
         for j, other in enumerate(cells):
-            if j == cell or (other.dataset, other.epochs, other.delta) != (me.dataset, me.epochs, me.delta):
+            if j == cell or ((other.dataset, other.epochs, other.delta, other.options)
+                             != (me.dataset, me.epochs, me.delta, me.options)):
                 continue
             adjacent_eps = other.backbone == me.backbone and abs(eps.index(other.epsilon) - eps.index(me.epsilon)) == 1
             other_backbone = other.backbone != me.backbone and other.epsilon == me.epsilon

@@ -24,7 +24,8 @@ def format_cell(plan: CellPlan, index: int, total: int) -> str:
     note = ("" if not plan.declared else ", declared" if plan.registered
             else ", declared; not registered: planning only")
     lines = [f"cell {index}/{total}  ε={c.epsilon:g}  δ={c.delta:g}  backbone={c.backbone}  "
-             f"dataset={c.dataset} (N={plan.dataset_size:,}{note})  epochs={c.epochs:g}"]
+             f"dataset={c.dataset} (N={plan.dataset_size:,}{note})  epochs={c.epochs:g}"
+             + "".join(f"  {k}={'null' if v is None else v}" for k, v in c.options)]
     multipliers = plan.space.learning_rate.multipliers
     header = f"  {'B':>6}  {'q':>8}  {'T':>7}  {'σ':>8}  {'σ√T':>8}  {'kept/reason':<18}  η"
     lines.append(header)
@@ -78,6 +79,9 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
     dims = [len(a.epsilon), len(a.backbone), len(a.dataset), len(a.epochs)]
     dims += [len(a.delta)] if len(a.delta) > 1 else []
     names = "ε × backbone × dataset × epochs" + (" × δ" if len(a.delta) > 1 else "")
+    if space.trial.searched:   # searched trial options: one sub-cell per combination
+        dims.append(len(space.trial.variants()))
+        names += " × trial options"
     limit = "all kept B" if pr.max_batch_sizes is None else f"at most {pr.max_batch_sizes} kept B"
     out = [f"Sweep plan{f' for {plan.source}' if plan.source else ''}: {len(plan.cells)} cells "
            f"({names} = {' × '.join(map(str, dims))})",
@@ -91,6 +95,10 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
               if space.search.budget is not None else "")
            + f"; training seeds: {', '.join(map(str, space.seeds))}; norm estimator: {space.trial.norm_estimator}"
            + (f" (k={space.trial.sketch_k})" if space.trial.sketch_k else ""),
+           *([f"trial options searched (a sub-cell per combination, each with its own C, B, η search; denoise_* "
+              "only where denoise is set): " + "; ".join(f"{k} ∈ {{{', '.join('null' if v is None else str(v) for v in vs)}}}"
+                                                       for k, vs in space.trial.searched)]
+             if space.trial.searched else []),
            *([f"selection: private (Papernot & Steinke): each cell's ε, δ is the budget of the released model; "
               f"validation fraction {space.selection.validation_fraction:g}; the σ√T and minimum-step rules are "
               "data-independent and cost no privacy"] if space.selection.private else []), ""]

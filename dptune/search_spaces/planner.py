@@ -24,7 +24,7 @@ import pandas as pd
 
 from .batches import COLUMNS, Row, candidate_rows, fill_noise, prune_rows, rows_frame, spread
 from .noise_table import NoiseRequest, calibrate_many
-from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace
+from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
 from .spec import Catalog, Spec
 
 #: Keys of a trial spec's ``meta`` part (``backbone_label``/``dataset_label``: the axis values with
@@ -44,12 +44,15 @@ class Cell:
     backbone: AxisValue
     dataset: AxisValue
     epochs: float
+    options: tuple[tuple[str, Any], ...] = ()   # values of the searched trial options (a sub-cell)
 
     @property
     def key(self) -> str:
         """A stable, readable id, e.g. ``digits/cnn/E=5/delta=1e-05/eps=1`` (backbone and dataset
-        options in brackets: ``bbc_news[max_length=32]/hf:all-MiniLM-L6-v2[peft=lora]/…``)."""
-        return f"{self.dataset}/{self.backbone}/E={self.epochs:g}/delta={self.delta:g}/eps={self.epsilon:g}"
+        options in brackets: ``bbc_news[max_length=32]/hf:all-MiniLM-L6-v2[peft=lora]/…``; searched
+        trial options at the end: ``…/eps=1/denoise=rmt``)."""
+        return (f"{self.dataset}/{self.backbone}/E={self.epochs:g}/delta={self.delta:g}/eps={self.epsilon:g}"
+                + "".join(f"/{k}={'null' if v is None else v}" for k, v in self.options))
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,11 @@ class CellPlan:
                             trial_epsilon=privacy.trial_epsilon, total_epsilon=privacy.total_epsilon)
         return spec
 
+    @property
+    def trial(self) -> TrialOptions:
+        """The trial options of this cell: the spec's, with the sub-cell's searched values."""
+        return self.space.trial.variant(self.cell.options)
+
     @cached_property
     def batches(self) -> pd.DataFrame:
         return rows_frame(list(self.rows), [*COLUMNS, "searched"])
@@ -120,7 +128,7 @@ class CellPlan:
         only. AUTO-S scales g_i by C/(n_i + γ) and ĝ is normalised by B·C, so the update
         (Σ g_i/(n_i + γ) + σξ)/B is the same for every C: one C stands for all (data-independent,
         so no privacy cost)."""
-        if self.space.trial.config().get("clip_fn") == "auto_s":
+        if self.trial.config().get("clip_fn") == "auto_s":
             return (max(self.space.clip_bounds),)
         return self.space.clip_bounds
 
@@ -163,11 +171,11 @@ class CellPlan:
         train = {"dataset": c.dataset.name, "model": c.backbone.name, "epsilon": c.epsilon, "delta": c.delta,
                  "epochs": c.epochs, "clip_bound": float(clip_bound), "batch_size": int(batch_size),
                  "learning_rate": self.learning_rate(batch_size, lr_multiplier), "seed": int(seed),
-                 "noise_multiplier": sigma, **self.space.trial.config(), **axis_fields(c.backbone, c.dataset)}
+                 "noise_multiplier": sigma, **self.trial.config(), **axis_fields(c.backbone, c.dataset)}
         if self.space.selection.validation_fraction:
             train["validation_fraction"] = self.space.selection.validation_fraction
         if "model_options" in train:
-            model_options = {**self.space.trial.config().get("model_options", {}), **train["model_options"]}
+            model_options = {**self.trial.config().get("model_options", {}), **train["model_options"]}
             train["model_options"] = model_options
         meta = {"cell": c.key, "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
                 "noise_multiplier": sigma, "noise_sqrt_steps": float(row["noise_sqrt_steps"]),
@@ -296,9 +304,11 @@ def _dataset_size(catalog: Catalog, dataset: AxisValue) -> int:
 
 
 def _cells(space: SearchSpace) -> list[Cell]:
-    """ε varies fastest, so the cells of one (dataset, backbone, epochs) are neighbours in ε."""
+    """ε varies fastest, so the cells of one (dataset, backbone, epochs) are neighbours in ε; each
+    combination of searched trial options (outermost) is a sub-cell of its own."""
     a = space.axes
-    return [Cell(eps, delta, backbone, dataset, float(epochs))
+    return [Cell(eps, delta, backbone, dataset, float(epochs), options)
+            for options in space.trial.variants()
             for dataset, backbone, epochs, delta, eps in itertools.product(a.dataset, a.backbone, a.epochs,
                                                                          a.delta, a.epsilon)]
 
@@ -340,7 +350,8 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     candidates = {c: candidate_rows(sizes[c.dataset], c.epochs, space.batch_sizes) for c in cells}
 
     def request(c: Cell, q: float, steps: int) -> NoiseRequest:
-        return NoiseRequest(c.epsilon, c.delta, q, steps, trial.norm_estimator, trial.sketch_k)
+        options = trial.variant(c.options)   # a searched norm estimator has its own σ
+        return NoiseRequest(c.epsilon, c.delta, q, steps, options.norm_estimator, options.sketch_k)
 
     requests = [request(c, row["sample_rate"], row["steps"]) for c, rows in candidates.items()
                 for row in rows if row["reason"] is None]

@@ -24,6 +24,7 @@ the size of the data itself and refuses a declared size that differs, or an unre
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -39,7 +40,13 @@ ALGORITHMS = ("grid", "random", "optuna")
 SCHEDULER_GROUPS = ("batch_size", "cell")
 #: Trial options a spec may set; each must also be a field of the trainer's config.
 TRIAL_OPTIONS = ("optimizer", "momentum", "weight_decay", "clip_fn", "norm_estimator", "sketch_k", "denoise",
+                 "denoise_kappa", "denoise_norm_correction", "denoise_scope", "diagnostics",
                  "peft", "max_physical_batch_size", "device", "model_options")
+#: Trial options that may be given a list of values, e.g. ``trial: {denoise: [null, rmt]}``: each value
+#: is a search dimension; every cell is split into one sub-cell per combination (its key ends in
+#: ``/denoise=rmt``), each with its own (C, B, η) search, budget and optimum, all counted by the plan.
+SEARCHED_OPTIONS = ("clip_fn", "norm_estimator", "denoise", "denoise_kappa", "denoise_norm_correction",
+                    "denoise_scope")
 
 
 #: Dataset options an axis value may set (the trainer's config fields that reach the loader).
@@ -146,6 +153,29 @@ class TrialOptions:
     norm_estimator: str = "exact"
     sketch_k: int | None = None
     fixed: Mapping[str, Any] = field(default_factory=dict)   # every option set in the spec
+    searched: tuple[tuple[str, tuple], ...] = ()   # (option, its values) of the SEARCHED_OPTIONS given lists
+
+    def variants(self) -> list[tuple[tuple[str, Any], ...]]:
+        """Every combination of the searched options' values, as ((option, value), …); [()] if none.
+        Without a denoiser the ``denoise_*`` options change nothing: such combinations are one."""
+        keys = [k for k, _ in self.searched]
+        out: list[tuple[tuple[str, Any], ...]] = []
+        for combo in itertools.product(*(v for _, v in self.searched)):
+            options = tuple(zip(keys, combo))
+            if dict(options).get("denoise", self.fixed.get("denoise")) is None:
+                options = tuple((k, v) for k, v in options if not k.startswith("denoise_"))
+            if options not in out:
+                out.append(options)
+        return out
+
+    def variant(self, options: tuple[tuple[str, Any], ...]) -> "TrialOptions":
+        """These options with one combination of the searched values fixed (sketch_k kept for the
+        randomised estimators only)."""
+        if not options:
+            return self
+        values = dict(options)
+        estimator = values.pop("norm_estimator", self.norm_estimator)
+        return TrialOptions(estimator, None if estimator == "exact" else self.sketch_k, {**self.fixed, **values})
 
     def config(self) -> dict:
         """Training-config fields every trial gets (the accountant's settings always); nested
@@ -244,6 +274,22 @@ def _axis_value(value: Any, path: str) -> AxisValue:
 def _choices(names: Any) -> str:
     """The names a collection (or a Registry, families included) allows, for an error message."""
     return ", ".join(names.choices() if hasattr(names, "choices") else sorted(names))
+
+
+def _trial_value(key: str, value: Any, path: str, catalog: Catalog) -> Any:
+    """One value of a trial option, checked against the catalog's names or its range."""
+    if key in catalog.options and key != "diagnostics":
+        return choice(value, path, list(catalog.options[key]))
+    if key in ("momentum", "weight_decay"):
+        return number(value, path, ge=0)
+    if key == "denoise_kappa":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (1 <= value < float("inf")):
+            raise SpecError(f"{path}: must be a number >= 1 (the RMT gate sits at κ times the noise bulk edge); "
+                            f"got {value!r}")
+        return float(value)
+    if key == "denoise_norm_correction" and not isinstance(value, bool):
+        raise SpecError(f"{path}: must be true or false; got {value!r}")
+    return value
 
 
 def _check_options(check: Any, kind: str, value: AxisValue, path: str) -> None:
@@ -380,12 +426,22 @@ def parse_trial(value: Any, catalog: Catalog) -> TrialOptions:
         for key in raw:
             if key not in catalog.train_fields:
                 raise SpecError(f"trial.{key}: not supported by this build's trainer (it has no {key!r} setting)")
-    for key, allowed in catalog.options.items():
-        if key in raw:
-            choice(raw[key], f"trial.{key}", list(allowed))
-    for key in ("momentum", "weight_decay"):
-        if key in raw:
-            raw[key] = number(raw[key], f"trial.{key}", ge=0)
+    searched = []
+    for key in SEARCHED_OPTIONS:
+        if isinstance(raw.get(key), (list, tuple)):
+            values = one_or_many(list(raw.pop(key)), f"trial.{key}",
+                                 lambda v, p, key=key: _trial_value(key, v, p, catalog))
+            searched.append((key, values))
+    for key in [k for k in raw if k in catalog.options or k in ("momentum", "weight_decay", "denoise_kappa",
+                                                                 "denoise_norm_correction")]:
+        raw[key] = _trial_value(key, raw[key], f"trial.{key}", catalog)
+    if "diagnostics" in raw:
+        names = raw["diagnostics"]
+        allowed = list(catalog.options.get("diagnostics", ()))
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n in allowed for n in names):
+            raise SpecError(f"trial.diagnostics: must be a list of names from: {', '.join(allowed) or 'none'} "
+                            f"(NOT private: computed from the clipped gradient before noise); got {names!r}")
+        raw["diagnostics"] = list(names)
     if raw.get("max_physical_batch_size") is not None:
         raw["max_physical_batch_size"] = integer(raw["max_physical_batch_size"], "trial.max_physical_batch_size",
                                                  ge=1)
@@ -400,11 +456,14 @@ def parse_trial(value: Any, catalog: Catalog) -> TrialOptions:
     k = raw.pop("sketch_k", None)
     if k is not None:
         k = integer(k, "trial.sketch_k", ge=1)
+    estimators = dict(searched).get("norm_estimator", (estimator,))
     try:
-        estimator, k = check_estimator(estimator, k)
+        for e in estimators:   # in a searched list, sketch_k is for the randomised estimators
+            check_estimator(e, None if e == "exact" and len(estimators) > 1 else k)
     except ValueError as exc:
         raise SpecError(f"trial: {exc}") from None
-    return TrialOptions(estimator, k, raw)
+    # with a searched estimator, sketch_k stays for its randomised values (TrialOptions.variant)
+    return TrialOptions(estimators[0], k, raw, tuple(searched))
 
 
 @register_section("selection", default={}, summary="validation_fraction (held-out part of the training data the "
@@ -476,6 +535,15 @@ def check_scheduler(spec: Spec, catalog: Catalog) -> None:
     if scheduler.name != "none" and scheduler.grace_epochs >= shortest:
         raise SpecError(f"search.scheduler.grace_epochs: must be < the smallest axes.epochs ({shortest:g}) for "
                         f"{scheduler.name} to stop anything; got {scheduler.grace_epochs}")
+
+
+@register_check
+def check_searched_options(spec: Spec, catalog: Catalog) -> None:
+    """A searched norm estimator changes σ per sub-cell; private selection accounts exact clipping
+    only, so it cannot search one."""
+    searched = dict(spec["trial"].searched)
+    if getattr(spec["selection"], "private", False) and "norm_estimator" in searched:
+        raise SpecError("trial.norm_estimator: selection.mode private accounts exact clipping only; give one value")
 
 
 @register_check
