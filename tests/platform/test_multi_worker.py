@@ -147,3 +147,32 @@ def test_sweep_mixing_one_and_two_worker_trials(local_ray, tmp_path):
         assert torch.allclose(state["trainer"]["model"][name], p, rtol=1e-4, atol=1e-6), name
     assert on_two.metrics["accuracy"] == pytest.approx(float(rows[rows.batch_size == 64].accuracy.iloc[0]))
     assert math.isfinite(on_two.metrics["epsilon_spent"])
+
+
+def test_resources_section_names_the_bad_field():
+    from dptune.platform.spec_sections import parse_resources
+    from dptune.search_spaces.spec import SpecError
+
+    parsed = parse_resources({"workers": 2, "gpu": 1, "cpu": 4, "workers_from_batch_size": 4096}, None)
+    assert (parsed.workers, parsed.gpu, parsed.cpu, parsed.workers_from_batch_size) == (2, 1.0, 4.0, 4096)
+    assert parse_resources({}, None).workers == 1
+    for bad, field in (({"workers": 0}, "resources.workers"), ({"workers": 1.5}, "resources.workers"),
+                       ({"workers": 2, "gpu": 0.5}, "resources.gpu"),
+                       ({"workers_from_batch_size": 0}, "resources.workers_from_batch_size"),
+                       ({"worker": 2}, "resources")):
+        with pytest.raises(SpecError, match=field):
+            parse_resources(bad, None)
+
+
+def test_worker_spec_picks_w_and_resources_per_trial():
+    from dptune.platform.multi_worker import WorkerSpec, check_workers
+
+    spec = WorkerSpec(workers=4, cpu=2, gpu=1, from_batch_size=1024)
+    small, large = {"batch_size": 512, "backbone": "cnn"}, {"batch_size": 1024, "backbone": "cnn"}
+    assert spec.workers_for(small) == 1 and spec.workers_for(large) == 4
+    assert spec.resources_for(small).bundles == [{"CPU": 2, "GPU": 1}]
+    assert spec.resources_for(large).bundles[0].get("CPU", 0) == 0 and "GPU" not in spec.resources_for(large).bundles[0]
+    assert WorkerSpec(workers=2).workers_for(small) == 2
+    check_workers({"trainer": {"workers": 4}}, 4)
+    with pytest.raises(ValueError, match="written on 4 worker.*not on 2: set resources.workers to 4"):
+        check_workers({"trainer": {"workers": 4}}, 2)
