@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 
 from ..platform.store import ResultsStore
 from . import figures
+from .denoise_cosine import cosine_curves, cosine_figure
 from .gradnorms import QUANTILE_COLUMNS, class_norms
 from .noise import MIN_STEPS, PLATEAU_TOL, cell_noise_curves
 from .results import Sweep, fmt
@@ -40,6 +41,7 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     noise_curves: pd.DataFrame | None = None
     norms: pd.DataFrame | None = None
+    cosines: pd.DataFrame | None = None   # the denoise_cosine diagnostic per (cell, epoch); NOT private
 
 
 def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float, float] | None = None,
@@ -64,6 +66,7 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
         result.notes += notes
     if gradnorms:
         result.norms = class_norms(sweep, store.table("gradnorms"))
+    result.cosines = cosine_curves(sweep, store.table("epochs"))
     return result
 
 
@@ -354,6 +357,32 @@ def _gradnorm_section(a: Analysis) -> str:
     return "".join(parts)
 
 
+def _cosine_section(a: Analysis) -> str:
+    """The denoise_cosine diagnostic (only when some trial ran it); labelled NOT private."""
+    curves = a.cosines
+    if curves is None or curves.empty:
+        return ""
+    last = curves.sort_values("epoch").groupby("cell_name").tail(1)
+    table = last.rename(columns={"cell_name": "cell", "nonprivate_cos_noisy": "cos(ĝ,ḡ)",
+                                 "nonprivate_cos_denoised": "cos(rmt(ĝ),ḡ)", "nonprivate_cos_gain": "gain (gate open)",
+                                 "nonprivate_cos_improved": "improved (gate open)",
+                                 "nonprivate_cos_gate_rate": "gate open", "nonprivate_cos_rank": "kept rank",
+                                 "nonprivate_cos_shrinkage": "shrinkage"})
+    for column in table.columns[3:]:
+        table[column] = table[column].map(lambda v: "—" if pd.isna(v) else f"{v:.3g}")
+    return ("<section class='nonprivate'><h2 id='denoise'>RMT denoising: cosine to the signal"
+            "<span class='badge'>NOT differentially private</span></h2>"
+            "<p class='warning'><b>Not differentially private.</b> ḡ, the clipped mean gradient before noise, is "
+            "computed from the private training examples.</p>"
+            "<p class='note'>Per step and 2-D layer, cos(ĝ, ḡ) of the gradient the trial stepped with and "
+            "cos(rmt(ĝ), ḡ) of its RMT-denoised version (for a trial without denoising: what rmt would have made "
+            "of it), averaged over (layer, step) pairs and the cell's trials; gain and improved are over the pairs "
+            "whose gate opened.</p>"
+            + _figure_html(cosine_figure(curves), "denoise cosine", "Solid: cos(ĝ, ḡ); dashed: cos(rmt(ĝ), ḡ); "
+                           "dotted (right axis): gate-open share and the share of gate-open pairs that improved.")
+            + "<details><summary>Last epoch per cell</summary>" + _table(table) + "</details></section>")
+
+
 def _errors_section(a: Analysis) -> str:
     errors = a.sweep.errors()
     parts = ["<h2 id='errors'>Errored trials</h2>"]
@@ -386,7 +415,7 @@ def build_report(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[f
             "<a href='#errors'>Errors</a></nav>",
             f"<ul class='note'>{notes}</ul>" if notes else "",
             _summary_section(a), _private_selection_section(a), _optima_section(a), _heatmap_section(a), _noise_section(a, min_steps, plateau_tol),
-            _gradnorm_section(a), _errors_section(a)]
+            _gradnorm_section(a), _cosine_section(a), _errors_section(a)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>dptune report: {html.escape(experiment)}</title><style>{STYLE}</style></head>"
