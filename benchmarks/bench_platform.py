@@ -1,10 +1,15 @@
 """Platform overhead and results-store query speed.
 
 1. 200 trials of a trivial trainable through dptune's own sweep path (Tuner with reused actors,
-   one checkpoint and one report per trial, the store callback writing Parquet): wall time per trial.
-2. `dptune query`-style aggregate by axes over 1,000,000 trial rows after compaction, and over
-   10,000 uncompacted per-trial files.
-Run: python benchmarks/bench_platform.py [--trials 200] [--rows 1000000] [--files 10000]
+   one checkpoint and one report per trial, the store callback writing Parquet): wall time per
+   trial, split into the fixed start (Tuner start to the first trial: Ray starting the trial
+   worker processes, which import torch) and the marginal cost of one more trial (first to last
+   trial start, over the trials between).
+2. `dptune query`-style aggregate by axes over 1,000,000 trial rows after compaction; over
+   10,000 loose per-trial files (no compaction at all); and over the store that 10,000 trials
+   leave through the sweep's own write path (each trial written as the store callback writes it,
+   with its compaction policy: `ResultsStore.compact_every(COMPACT_EVERY)`).
+Run alone: python benchmarks/bench_platform.py [--trials 200] [--rows 1000000] [--files 10000]
 """
 from __future__ import annotations
 
@@ -24,32 +29,41 @@ AGGREGATE = ("SELECT dataset, backbone, epsilon, count(*) AS n, max(accuracy) AS
 
 
 def trivial_trainable(config: dict) -> None:
-    """Does no training: one report with a checkpoint, as a one-epoch trial would."""
+    """Does no training: one report with a checkpoint, as a one-epoch trial would (and notes when
+    it started, in the folder its config names)."""
+    import os
+    stamps = config["trial"]["meta"]["stamps"]
+    with open(os.path.join(stamps, str(config["trial"]["train"]["seed"])), "w") as f:
+        f.write(repr(time.time()))
     tune_adapter.report({"accuracy": 0.5, "loss": 1.0, "epsilon_spent": 1.0, "epoch": 1},
                         state={"history": [{"epoch": 1, "accuracy": 0.5, "loss": 1.0}]})
 
 
-def platform_overhead(n_trials: int) -> float:
+def platform_overhead(n_trials: int) -> tuple[float, float, float]:
+    """(wall seconds of the whole run, fixed start, marginal seconds per trial)."""
+    import os
+
     import ray
 
     from dptune.platform.launcher import RunSettings, run_trials, start_ray
 
     start_ray(num_cpus=2)
-    trials = [{"train": {"dataset": "digits", "model": "mlp", "epsilon": 1.0, "seed": i}, "meta": {"cell": "c"}}
-              for i in range(n_trials)]
-    with tempfile.TemporaryDirectory() as storage:
+    with tempfile.TemporaryDirectory() as storage, tempfile.TemporaryDirectory() as stamps:
+        trials = [{"train": {"dataset": "digits", "model": "mlp", "epsilon": 1.0, "seed": i},
+                   "meta": {"cell": "c", "stamps": stamps}} for i in range(n_trials)]
         settings = RunSettings(experiment="overhead", storage=storage, verbose=0, max_failures=0)
-        start = time.perf_counter()
+        begin, start = time.time(), time.perf_counter()
         run_trials(trials, settings, trainable=trivial_trainable)
         elapsed = time.perf_counter() - start
         assert len(ResultsStore(settings.paths.store).table("trials")) == n_trials
+        started = sorted(float(open(os.path.join(stamps, name)).read()) for name in os.listdir(stamps))
     ray.shutdown()
-    return elapsed
+    return elapsed, started[0] - begin, (started[-1] - started[0]) / max(1, len(started) - 1)
 
 
 def synthetic_trials(n: int, rng: np.random.Generator, offset: int = 0) -> pa.Table:
     return pa.table({
-        "trial_id": [f"t{offset + i}" for i in range(n)],
+        "trial_id": [f"t{offset + i}" for i in range(n)], "config_id": [f"c{offset + i}" for i in range(n)],
         "dataset": rng.choice(["cifar100", "sun397", "cassava"], n), "backbone": rng.choice(["vit_b", "vit_t"], n),
         "epsilon": rng.choice([0.5, 1.0, 2.0, 8.0], n), "clip_bound": rng.choice([0.1, 1.0, 10.0], n),
         "batch_size": rng.choice([256, 1024, 4096], n), "learning_rate": rng.random(n),
@@ -67,7 +81,11 @@ def timed_query(store: ResultsStore, repeats: int = 3) -> float:
     return min(times)
 
 
-def query_speed(n_rows: int, n_files: int) -> tuple[float, float, float]:
+def query_speed(n_rows: int, n_files: int) -> tuple[float, float, float, float, int]:
+    """(query after compaction, compaction seconds, query over loose files, query over the store
+    the sweep's write path leaves, how many files that store holds)."""
+    from dptune.platform.callbacks import COMPACT_EVERY
+
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as root:
         store = ResultsStore(f"{root}/store")
@@ -83,7 +101,15 @@ def query_speed(n_rows: int, n_files: int) -> tuple[float, float, float]:
         for i in range(n_files):  # one file per trial, as the sweep writes them before compaction
             pq.write_table(synthetic_trials(1, rng, i), f"{root}/store/trials/trial-t{i}.parquet")
         loose = timed_query(store)
-    return compacted, compact_s, loose
+    with tempfile.TemporaryDirectory() as root:
+        store = ResultsStore(f"{root}/store")
+        for i in range(n_files):  # the same trials through the store callback's write and compaction
+            row = synthetic_trials(1, rng, i).to_pylist()[0]
+            store.write_trial(row, [{"epoch": 1, "accuracy": row["accuracy"]}])
+            store.compact_every(COMPACT_EVERY)
+        swept = timed_query(store)
+        held = len(store._files("trials"))
+    return compacted, compact_s, loose, swept, held
 
 
 def main() -> None:
@@ -92,11 +118,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=10_000)
     args = parser.parse_args()
-    compacted, compact_s, loose = query_speed(args.rows, args.files)
+    compacted, compact_s, loose, swept, held = query_speed(args.rows, args.files)
     print(f"query over {args.rows:,} rows after compaction: {compacted:.3f} s (compaction took {compact_s:.1f} s)")
-    print(f"query over {args.files:,} uncompacted trial files: {loose:.3f} s")
-    elapsed = platform_overhead(args.trials)
-    print(f"{args.trials} trivial trials: {elapsed:.1f} s wall, {elapsed / args.trials:.3f} s per trial")
+    print(f"query over {args.files:,} loose trial files (never compacted): {loose:.3f} s")
+    print(f"query over the store {args.files:,} trials leave through the sweep's write path "
+          f"({held} files): {swept:.3f} s")
+    elapsed, fixed, marginal = platform_overhead(args.trials)
+    print(f"{args.trials} trivial trials: {elapsed:.1f} s wall, {elapsed / args.trials:.3f} s per trial; "
+          f"fixed start {fixed:.1f} s, then {marginal:.3f} s per additional trial")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ NEWEST_FILE = ("QUALIFY dense_rank() OVER (PARTITION BY coalesce(config_id, tria
                "ORDER BY written_at DESC, filename DESC) = 1")
 
 
+#: The most ``part-*`` files a table keeps: a compaction of the per-trial files that finds this many
+#: merges them all into one.
+MAX_PARTS = 8
+
 #: How long a write to an object store is retried (with backoff) before :class:`StoreWriteError`.
 WRITE_RETRY_S = 60.0
 
@@ -132,11 +136,19 @@ class ResultsStore:
                 time.sleep(delay)
                 delay = min(2 * delay, 8.0)
 
-    def compact(self) -> dict[str, int]:
-        """Merge every table's files into one part (newest version per trial); returns rows kept."""
+    def compact(self, *, loose_only: bool = False) -> dict[str, int]:
+        """Merge every table's files into one part (newest version per configuration); returns the
+        rows kept per table (-1: nothing to merge). ``loose_only`` merges only the per-trial files
+        and leaves the parts as they are (the older versions they may hold stay hidden by the
+        views), unless a table already holds ``MAX_PARTS`` parts: then all its files are merged.
+        So a sweep's store never rewrites its whole history at every compaction, and a query
+        reads at most ``MAX_PARTS`` parts plus the per-trial files written since the last one."""
         kept = {}
         for table in TABLES:
             files = self._files(table)
+            loose = [f for f in files if f.base_name.startswith(LOOSE)]
+            if loose_only and len(files) - len(loose) < MAX_PARTS:
+                files = loose
             if len(files) <= 1:
                 kept[table] = -1
                 continue
@@ -150,6 +162,11 @@ class ResultsStore:
                     self.fs.delete_file(f.path)
             kept[table] = newest.num_rows
         return kept
+
+    def compact_every(self, loose: int) -> dict[str, int] | None:
+        """The sweep's policy (the store callback calls it after each trial): once ``loose``
+        per-trial files have accumulated, merge them (:meth:`compact` with ``loose_only``)."""
+        return self.compact(loose_only=True) if self.loose_files("trials") >= loose else None
 
     # -- reading ---------------------------------------------------------------------------
     def _files(self, table: str, prefix: str | None = None) -> list[pafs.FileInfo]:

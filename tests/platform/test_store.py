@@ -5,7 +5,7 @@ import threading
 import pyarrow.parquet as pq
 import pytest
 
-from dptune.platform.store import ResultsStore
+from dptune.platform.store import MAX_PARTS, ResultsStore
 
 
 def write(store, trial_id, acc, epochs=2):
@@ -40,6 +40,40 @@ def test_compaction_keeps_one_newest_row_per_trial(tmp_path):
     store.compact()
     assert store.table("trials").set_index("trial_id").loc["t3", "accuracy"] == 0.99
     assert len(store.table("epochs")) == 40 and len(store.table("gradnorms")) == 60
+
+
+def files(tmp_path, table, prefix):
+    return [n for n in os.listdir(tmp_path / "store" / table) if n.startswith(prefix)]
+
+
+def test_compacting_per_trial_files_leaves_the_parts_and_keeps_the_newest_version(tmp_path):
+    store = ResultsStore(str(tmp_path / "store"))
+    for i in range(6):
+        write(store, f"t{i}", i / 10, epochs=3)
+    store.compact(loose_only=True)
+    write(store, "t3", 0.99, epochs=2)   # a newer version of a trial already merged into a part
+    write(store, "t6", 0.6)
+    assert store.compact(loose_only=True)["trials"] == 2
+    assert [len(files(tmp_path, "trials", p)) for p in ("part-", "trial-")] == [2, 0]
+    trials = store.table("trials").set_index("trial_id")
+    assert sorted(trials.index) == [f"t{i}" for i in range(7)] and trials.loc["t3", "accuracy"] == 0.99
+    epochs = store.table("epochs")
+    assert len(epochs[epochs.trial_id == "t3"]) == 2 and len(epochs) == 6 * 3 - 3 + 2 + 2
+
+
+def test_the_sweep_policy_bounds_the_files_a_query_reads(tmp_path):
+    store = ResultsStore(str(tmp_path / "store"))
+    expected = {}
+    for i in range(2 * 2 * MAX_PARTS + 3):   # more merges than MAX_PARTS: the parts are merged too
+        trial = f"t{i % 12}"          # every trial rewritten, some after a merge
+        expected[trial] = i / 1000
+        write(store, trial, expected[trial])
+        store.compact_every(2)
+        assert len(files(tmp_path, "trials", "trial-")) < 2
+        assert len(files(tmp_path, "trials", "part-")) <= MAX_PARTS
+    trials = store.table("trials")
+    assert dict(zip(trials.trial_id, trials.accuracy)) == expected
+    assert len(store.table("epochs")) == 2 * len(expected) and len(store.table("gradnorms")) == 3 * len(expected)
 
 
 def test_a_compaction_killed_before_it_deleted_leaves_no_duplicates(tmp_path):
