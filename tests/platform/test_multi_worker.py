@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
+import time
 from dataclasses import replace
+from pathlib import Path
 
+import psutil
 import pytest
 import ray
 import torch
@@ -119,28 +123,49 @@ def test_two_workers_equal_one_and_add_the_noise_once(local_ray, tmp_path):
     assert abs(float(noise_0.mean())) < 4 * SIGMA / BATCH / 100
 
 
-def test_sweep_mixing_one_and_two_worker_trials(local_ray, tmp_path):
-    """Two trials, B = 32 on one worker and B = 64 on two (workers_from_batch_size = 64): each
-    stored once, finished, and the two-worker trial ends with the one-worker run's weights."""
-    def trial(batch_size: int) -> dict:
-        return {"train": {"dataset": "digits", "model": "mlp", "epsilon": 4.0, "epochs": 1, "batch_size": batch_size,
-                          "learning_rate": 1.0, "clip_bound": 1.0, "seed": 0, "model_options": {"hidden": 16},
-                          "device": "cpu"},
+def kill_a_worker_after_the_first_checkpoint(runs: Path, killed: list) -> None:
+    """Wait for the first Ray Train checkpoint under ``runs``, then SIGKILL one Train worker process."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list(runs.glob("*/checkpoint_*")):
+        time.sleep(0.05)
+    for proc in psutil.process_iter(["cmdline"]):
+        if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
+            proc.kill()
+            killed.append(proc.pid)
+            return
+
+
+def test_sweep_mixing_one_and_two_worker_trials_with_a_killed_worker(local_ray, tmp_path):
+    """Two trials, B = 32 on one worker and B = 64 on two (workers_from_batch_size = 64). One of the
+    two workers is killed after the first epoch's checkpoint: the group restarts from it
+    (FailureConfig) and the trial ends with the weights of an uninterrupted one-worker run. Each
+    trial is stored once, finished, with each epoch once."""
+    def trial(batch_size: int, epochs: int) -> dict:
+        return {"train": {"dataset": "digits", "model": "mlp", "epsilon": 4.0, "epochs": epochs,
+                          "batch_size": batch_size, "learning_rate": 1.0, "clip_bound": 1.0, "seed": 0,
+                          "model_options": {"hidden": 16}, "device": "cpu"},
                 "meta": {"cell": "digits|mlp|eps=4"}}
 
-    settings = RunSettings(experiment="mixed", storage=str(tmp_path), max_failures=0, workers=2,
+    settings = RunSettings(experiment="mixed", storage=str(tmp_path), max_failures=1, workers=2,
                            workers_from_batch_size=64)
-    results = run_trials([trial(32), trial(64)], settings)
-    assert all(r.error is None for r in results)
-    rows = ResultsStore(settings.paths.store).table("trials")
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_a_worker_after_the_first_checkpoint,
+                              args=(tmp_path / "mixed" / "workers", killed), daemon=True)
+    killer.start()
+    results = run_trials([trial(32, 1), trial(64, 4)], settings)
+    killer.join()
+    assert killed and all(r.error is None for r in results)
+    store = ResultsStore(settings.paths.store)
+    rows = store.table("trials")
     assert sorted(rows.batch_size) == [32, 64] and rows.trial_id.is_unique and (rows.status == "finished").all()
-    epochs = ResultsStore(settings.paths.store).table("epochs")
-    assert len(epochs) == 2 and epochs.trial_id.is_unique
+    epochs = store.table("epochs").merge(rows[["trial_id", "batch_size"]], on="trial_id")
+    assert sorted(epochs[epochs.batch_size == 64].epoch) == [1, 2, 3, 4]
+    assert list(epochs[epochs.batch_size == 32].epoch) == [1]
 
     on_two = next(r for r in results if r.config["trial"]["train"]["batch_size"] == 64)
     state = tune_adapter.checkpoint_state(on_two.checkpoint)
-    assert state["trainer"]["workers"] == 2
-    one = Trainer(TrainConfig.from_dict(trial(64)["train"]))
+    assert state["trainer"]["workers"] == 2 and state["trainer"]["epoch"] == 4
+    one = Trainer(TrainConfig.from_dict(trial(64, 4)["train"]))
     while not one.done:
         one.run_epoch()
     for name, p in one.trainable_state().items():
