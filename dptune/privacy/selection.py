@@ -21,11 +21,12 @@ import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from importlib import metadata
 from typing import Any, Iterator
 
 import numpy as np
 
+from .cache import cached, make_key
 from .calibration import REL_TOL, SIGMA_MAX
 from .validation import check_delta, check_epsilon, check_sample_rate, check_steps
 
@@ -151,12 +152,23 @@ class SelectionPrivacy:
     total_epsilon: float
 
 
+def _key(kind: str, count: TrialCount, **inputs: object) -> str:
+    """Cache key of a selection figure: its inputs, the law of K and dp-accounting's version."""
+    return make_key(kind, distribution=count.distribution, mean=count.mean, shape=count.shape,
+                    dp_accounting=metadata.version("dp-accounting"), **inputs)
+
+
 def selection_privacy(noise_multiplier: float, sample_rate: float, steps: int, *, score_multiplier: float,
                       count: TrialCount, delta: float) -> SelectionPrivacy:
-    """Per-trial ε (training + score release) and the repeat-and-select total, both at ``delta``."""
+    """Per-trial ε (training + score release) and the repeat-and-select total, both at ``delta``
+    (cached like σ, :mod:`.cache`)."""
     trial = trial_event(noise_multiplier, sample_rate, steps, score_multiplier)
-    return SelectionPrivacy(noise_multiplier, score_multiplier, rdp_epsilon(trial, delta),
-                            rdp_epsilon(count.event(trial), delta))
+    inputs = dict(sigma=float(noise_multiplier), q=float(sample_rate), steps=int(steps),
+                  score=float(score_multiplier), delta=float(delta))
+    return SelectionPrivacy(noise_multiplier, score_multiplier,
+                            cached(_key("selection_trial_eps", count, **inputs), lambda: rdp_epsilon(trial, delta)),
+                            cached(_key("selection_total_eps", count, **inputs),
+                                   lambda: rdp_epsilon(count.event(trial), delta)))
 
 
 def calibrate_selection_noise(epsilon: float, delta: float, sample_rate: float, steps: int, *,
@@ -167,11 +179,11 @@ def calibrate_selection_noise(epsilon: float, delta: float, sample_rate: float, 
     check_delta(delta)
     check_sample_rate(sample_rate)
     check_steps(steps)
-    return _calibrate(float(epsilon), float(delta), float(sample_rate), int(steps), float(score_multiplier),
-                      count)
+    inputs = dict(epsilon=float(epsilon), delta=float(delta), q=float(sample_rate), steps=int(steps),
+                  score=float(score_multiplier))
+    return cached(_key("selection_sigma", count, **inputs), lambda: _calibrate(*inputs.values(), count))
 
 
-@lru_cache(maxsize=4096)
 def _calibrate(epsilon: float, delta: float, q: float, steps: int, score: float, count: TrialCount) -> float:
     def total(sigma: float) -> float:
         return rdp_epsilon(count.event(trial_event(sigma, q, steps, score)), delta)
