@@ -15,8 +15,7 @@ restarts the trial's worker group from Train's latest checkpoint (Ray Train's ``
 a trial restored by Tune resumes from Tune's checkpoint. A checkpoint resumes only on as many
 workers as wrote it (the shards depend on W): another W is refused before any worker starts.
 
-Limitation: when a scheduler stops a multi-worker trial early, its Train run is not interrupted
-(Ray Train has no call for it); it runs to its end with nobody reading its reports.
+A scheduler that stops a multi-worker trial early (after one of its reports) aborts its Train run.
 """
 from __future__ import annotations
 
@@ -98,17 +97,25 @@ def run_on_workers(config: dict, spec: WorkerSpec) -> None:
 
     thread = threading.Thread(target=fit, name="dptune-train-run", daemon=True)
     thread.start()
-    while True:
-        try:
-            metrics, checkpoint = reports.get(timeout=1.0)
-        except (Empty, std_queue.Empty):
-            if not thread.is_alive() and reports.empty():
-                break
-            continue
-        tune_adapter.report(metrics, state=tune_adapter.checkpoint_state(checkpoint))
-        if not math.isfinite(metrics.get("loss", 0.0)):
-            thread.join()
-            raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics.get('epoch')}")
+    controller = None
+    try:
+        while True:
+            try:
+                metrics, checkpoint, controller = reports.get(timeout=1.0)
+            except (Empty, std_queue.Empty):
+                if not thread.is_alive() and reports.empty():
+                    break
+                continue
+            tune_adapter.report(metrics, state=tune_adapter.checkpoint_state(checkpoint))
+            if not math.isfinite(metrics.get("loss", 0.0)):
+                thread.join()
+                raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics.get('epoch')}")
+    finally:  # stopped by Tune (a scheduler) while the run goes on: abort it, freeing its workers
+        if thread.is_alive() and controller is not None:
+            try:
+                ray.get(controller.abort.remote(), timeout=60)
+            except Exception:  # the run ended meanwhile
+                pass
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
@@ -159,12 +166,13 @@ def _worker_loop(loop_config: dict) -> None:
 
 
 class _Relay(ray.train.UserCallback):
-    """Ray Train callback (on the run's controller): hands rank 0's metrics and the persisted
-    checkpoint of every report to the trial's Tune function."""
+    """Ray Train callback (on the run's controller): hands rank 0's metrics, the persisted
+    checkpoint of every report and the controller's handle to the trial's Tune function."""
 
     def __init__(self, reports: object) -> None:
         self.reports = reports
 
     def after_report(self, run_context: object, metrics: list[dict], checkpoint: object) -> None:
-        self.reports.put((dict(metrics[0]), checkpoint))
+        controller = ray.get_runtime_context().current_actor  # so that a stopped trial can abort its run
+        self.reports.put((dict(metrics[0]), checkpoint, controller))
 
