@@ -75,3 +75,18 @@ def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     # releasing again (dptune resume) touches nothing: the test data is used once
     again = [SimpleNamespace(config=flatten(cell.draw_config(i)), checkpoint=None, metrics={}) for i in range(k)]
     assert release_selections(again, settings.paths, out=io.StringIO()) == []
+
+
+def test_a_private_selection_trial_looks_at_validation_once_and_never_at_test():
+    cfg = TrainConfig(dataset="digits", model="mlp", epsilon=3.0, epochs=2, batch_size=256, learning_rate=1.0,
+                      model_options={"hidden": 8}, validation_fraction=0.15, score_noise=0.05, seed=7, split_seed=0,
+                      device="cpu")
+    history = train(cfg, progress=False)
+    assert [set(h) & {"accuracy", "test_accuracy", "validation_accuracy", "loss"} for h in history] == \
+        [set(), {"accuracy"}]
+    plain = train(TrainConfig.from_dict({**cfg.to_dict(), "score_noise": None}), progress=False)[-1]
+    assert history[-1]["selection_score"] == history[-1]["accuracy"] != plain["validation_accuracy"]
+    assert abs(history[-1]["accuracy"] - plain["validation_accuracy"]) < 0.25   # noise std 0.05
+    for bad in ({"validation_fraction": 0.0}, {"epsilon": float("inf")}, {"score_noise": 0.0}):
+        with pytest.raises(ValueError, match="score_noise must be None, or > 0 for a private run with a validation"):
+            TrainConfig.from_dict({**cfg.to_dict(), **bad}).validate()
