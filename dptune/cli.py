@@ -261,11 +261,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
                                    "private, and labelled so).")
     _add_analysis_arguments(p)
     p.add_argument("--noise-batch-sizes", type=_int_list, metavar="B1,B2,…",
-                   help="batch sizes of the noise curves, besides those the sweep ran [powers of two up to N]")
+                   help="batch sizes of the noise curves, besides those the sweep ran [those its plan listed; "
+                        "else powers of two up to N]")
     p.add_argument("--min-steps", type=int, default=None,
-                   help="minimum-step floor [the pruning rules' default, search_spaces.MIN_STEPS]")
+                   help="minimum-step floor [the sweep's, from its saved plan; else search_spaces.MIN_STEPS]")
     p.add_argument("--plateau-tol", type=float, default=None,
-                   help="σ√T plateau tolerance [the pruning rules' default, search_spaces.PLATEAU_TOL]")
+                   help="σ√T plateau tolerance [the sweep's, from its saved plan; else search_spaces.PLATEAU_TOL]")
     p.set_defaults(handler=_run_report)
 
 
@@ -274,13 +275,10 @@ def _run_report(args: argparse.Namespace, out: TextIO) -> int:
     from .platform.layout import ExperimentPaths
     from .platform.store import ResultsStore
 
-    from .analysis.noise import MIN_STEPS, PLATEAU_TOL
-
     paths = ExperimentPaths.find(args.store)
     path = write_report(ResultsStore(paths.store), args.out or paths.figures, across=args.across, fixed=args.fixed,
-                        noise_batch_sizes=args.noise_batch_sizes,
-                        min_steps=MIN_STEPS if args.min_steps is None else args.min_steps,
-                        plateau_tol=PLATEAU_TOL if args.plateau_tol is None else args.plateau_tol)
+                        noise_batch_sizes=args.noise_batch_sizes, min_steps=args.min_steps,
+                        plateau_tol=args.plateau_tol)
     print(f"wrote {path}", file=out)
     return EXIT_OK
 

@@ -60,7 +60,8 @@ def test_the_sample_rate_is_computed_only_in_the_schedule():
 
 
 def test_pruning_defaults_are_defined_once():
-    """MIN_STEPS and PLATEAU_TOL are the only literal defaults of min_steps / plateau_tol."""
+    """MIN_STEPS and PLATEAU_TOL are the only literal defaults of min_steps / plateau_tol (a None
+    default, resolved at run time, e.g. from a sweep's saved plan, is not one)."""
     literal = []
     for path, tree in sources().items():
         for node in ast.walk(tree):
@@ -68,8 +69,8 @@ def test_pruning_defaults_are_defined_once():
                 a = node.args
                 pairs = list(zip(a.args[len(a.args) - len(a.defaults):], a.defaults)) + \
                     [(arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
-                literal += [(path, node.lineno, arg.arg) for arg, d in pairs
-                            if arg.arg in RULE_NAMES and isinstance(d, ast.Constant)]
+                literal += [(path, node.lineno, arg.arg) for arg, d in pairs  # None: resolved at run time
+                            if arg.arg in RULE_NAMES and isinstance(d, ast.Constant) and d.value is not None]
             elif isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Constant):
                 if leaf_name(node.target) in RULE_NAMES:
                     literal.append((path, node.lineno, leaf_name(node.target)))

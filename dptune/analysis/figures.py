@@ -223,7 +223,11 @@ def _noise_panel(ax, curve: pd.DataFrame, cell: pd.Series, best_batch: float | N
     ax.set_xlim(ok["batch_size"].min() / 1.5, right)
     ax.set_ylim(0, ok["noise_sqrt_steps"].max() * 1.1)
     bs = ok["batch_size"].tolist()
-    shown = bs if len(bs) <= 8 else bs[:: math.ceil(len(bs) / 8)]
+    planned = ok.loc[ok["planned"], "batch_size"].tolist() if "planned" in ok else []
+    if 0 < len(planned) <= 12:  # every B the sweep's plan listed is labelled
+        shown = planned
+    else:
+        shown = bs if len(bs) <= 8 else bs[:: math.ceil(len(bs) / 8)]
     _log_ticks(ax.xaxis, shown)
     ax.tick_params(axis="x", labelrotation=45, labelsize=8)
 

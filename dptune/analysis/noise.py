@@ -10,7 +10,7 @@ a sweep; this module draws the curves after it, from the store's cells.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -62,12 +62,15 @@ def default_batch_grid(dataset_size: int, smallest_tried: float) -> list[int]:
 
 
 def cell_noise_curves(sweep: Sweep, *, batch_sizes: Sequence[int] | None = None, min_steps: int = MIN_STEPS,
-                      plateau_tol: float = PLATEAU_TOL) -> tuple[pd.DataFrame, list[str]]:
-    """σ√T-versus-B curves of every private cell (long format, with ``cell_name`` and ``tried``:
-    whether the sweep ran that B), and notes on cells that could not be drawn.
+                      plateau_tol: float = PLATEAU_TOL, planned: Mapping[str, Sequence[int]] | None = None
+                      ) -> tuple[pd.DataFrame, list[str]]:
+    """σ√T-versus-B curves of every private cell (long format, with ``cell_name``, ``tried``:
+    whether the sweep ran that B, and ``planned``: whether the sweep's plan listed it), and notes on
+    cells that could not be drawn.
 
     N comes from the store (B/q); δ, the norm estimator and k from the cell's trials. The grid is
-    the Bs the sweep tried plus ``batch_sizes`` or, by default, :func:`default_batch_grid`.
+    the Bs the sweep tried plus ``batch_sizes``, else the candidates its plan listed for the cell
+    (``planned``, by cell name), else :func:`default_batch_grid`.
     """
     curves, notes = [], []
     for _, cell in sweep.cells().iterrows():
@@ -79,7 +82,8 @@ def cell_noise_curves(sweep: Sweep, *, batch_sizes: Sequence[int] | None = None,
             notes.append(f"{name}: no noise curve (no trial recorded its sample rate)")
             continue
         tried = sorted(sweep.trials.loc[sweep.trials["cell_name"] == name, "batch_size"].dropna().unique())
-        grid = list(batch_sizes) if batch_sizes else default_batch_grid(n, min(tried))
+        listed = [int(b) for b in (planned or {}).get(name, ())]
+        grid = list(batch_sizes) if batch_sizes else listed or default_batch_grid(n, min(tried))
         sketch_k = sweep.cell_option(name, "sketch_k")
         curve = noise_curve(float(cell["epsilon"]), float(sweep.cell_option(name, "delta", DEFAULT_DELTA)), n,
                             float(cell["epochs"]), grid + [int(b) for b in tried], min_steps=min_steps,
@@ -87,10 +91,11 @@ def cell_noise_curves(sweep: Sweep, *, batch_sizes: Sequence[int] | None = None,
                             norm_estimator=str(sweep.cell_option(name, "norm_estimator", "exact")),
                             sketch_k=None if sketch_k is None else int(float(sketch_k)))
         curve["tried"] = curve["batch_size"].isin([int(b) for b in tried])
+        curve["planned"] = curve["batch_size"].isin(listed)
         curve.insert(0, "cell_name", name)
         curve["dataset_size"] = n
         curves.append(curve)
     frame = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
         columns=["cell_name", "batch_size", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps",
-                 "reason", "kept", "tried", "dataset_size"])
+                 "reason", "kept", "tried", "planned", "dataset_size"])
     return frame, notes

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..platform.layout import ExperimentPaths
 from ..platform.store import ResultsStore
 from . import figures
 from .denoise_cosine import cosine_curves, cosine_figure
@@ -42,12 +43,19 @@ class Analysis:
     noise_curves: pd.DataFrame | None = None
     norms: pd.DataFrame | None = None
     cosines: pd.DataFrame | None = None   # the denoise_cosine diagnostic per (cell, epoch); NOT private
+    min_steps: int = MIN_STEPS            # the pruning rules the noise curves are drawn with
+    plateau_tol: float = PLATEAU_TOL
+    rules: str = "the pruning rules' defaults (no saved plan)"   # where they come from
 
 
 def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float, float] | None = None,
-            noise: bool = True, noise_batch_sizes: Sequence[int] | None = None, min_steps: int = MIN_STEPS,
-            plateau_tol: float = PLATEAU_TOL, gradnorms: bool = True) -> Analysis:
-    """Read the store and compute the tables (noise curves and gradient norms on request)."""
+            noise: bool = True, noise_batch_sizes: Sequence[int] | None = None, min_steps: int | None = None,
+            plateau_tol: float | None = None, gradnorms: bool = True) -> Analysis:
+    """Read the store and compute the tables (noise curves and gradient norms on request).
+
+    The noise curves use the pruning rules and the batch sizes of the plan the sweep ran (saved
+    beside the store), unless ``min_steps``/``plateau_tol``/``noise_batch_sizes`` are given; a store
+    without a saved plan gets the rules' defaults."""
     sweep = Sweep.from_store(store)
     if sweep.trials.empty:
         raise ValueError(f"the results store at {store.root!r} has no trials yet")
@@ -60,14 +68,35 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
         if fixed:
             raise
         result.notes.append(f"cost of a fixed setting: {exc}")
+    plan = ExperimentPaths.find(store.root).saved_plan() or {}
+    pruning = plan.get("pruning", {})
+    if pruning:
+        result.rules = "the sweep's own pruning rules (from its saved plan)"
+    if min_steps is not None or plateau_tol is not None:
+        result.rules = "the rules given to the report"
+    result.min_steps = int(min_steps if min_steps is not None else pruning.get("min_steps", MIN_STEPS))
+    result.plateau_tol = float(plateau_tol if plateau_tol is not None else pruning.get("plateau_tol", PLATEAU_TOL))
     if noise:
-        result.noise_curves, notes = cell_noise_curves(sweep, batch_sizes=noise_batch_sizes, min_steps=min_steps,
-                                                       plateau_tol=plateau_tol)
+        result.noise_curves, notes = cell_noise_curves(sweep, batch_sizes=noise_batch_sizes,
+                                                       min_steps=result.min_steps, plateau_tol=result.plateau_tol,
+                                                       planned=planned_batch_sizes(sweep, plan))
         result.notes += notes
     if gradnorms:
         result.norms = class_norms(sweep, store.table("gradnorms"))
     result.cosines = cosine_curves(sweep, store.table("epochs"))
     return result
+
+
+def planned_batch_sizes(sweep: Sweep, plan: dict) -> dict[str, list[int]]:
+    """{report cell name: every candidate B the sweep's plan listed for it} (the plan keys cells
+    as the store's ``cell`` column does)."""
+    cells = plan.get("cells", {})
+    if not cells or "cell" not in sweep.trials:
+        return {}
+    listed: dict[str, set[int]] = {}
+    for name, key in sweep.trials[["cell_name", "cell"]].drop_duplicates().itertuples(index=False):
+        listed.setdefault(name, set()).update(cells.get(key, {}).get("batch_sizes", ()))
+    return {name: sorted(bs) for name, bs in listed.items() if bs}
 
 
 def _slug(text: str) -> str:
@@ -299,18 +328,20 @@ def _heatmap_section(a: Analysis) -> str:
     for facet, fig in figs:
         parts.append(f"<h3>{html.escape(facet)}</h3>")
         parts.append(_figure_html(fig, f"heatmap {facet}",
-                                  "Each panel is one cell; colour: best mean accuracy over η for each (C, B) "
-                                  "(log axes); grey: not run, or only errored trials (marked error); ★: the "
+                                  "Each panel is one cell; one column per clipping bound C and one row per "
+                                  "batch size B the sweep ran; colour: best mean accuracy over η for each "
+                                  "(C, B); grey: not run, or only errored trials (marked error); ★: the "
                                   "cell's optimum with its η."))
     return "".join(parts)
 
 
-def _noise_section(a: Analysis, min_steps: int, plateau_tol: float) -> str:
+def _noise_section(a: Analysis) -> str:
+    min_steps, plateau_tol = a.min_steps, a.plateau_tol
     parts = ["<h2 id='noise'>Cumulative DP noise σ√T against B</h2>",
              f"<p class='note'>σ calibrated with the PRV accountant for each B at the cell's ε, δ and epochs "
              f"(T = ⌈E·N/B⌉). Grey: fewer than {min_steps} steps (minimum-step floor). Band: within "
              f"{plateau_tol:.0%} of the smallest σ√T above the floor (the plateau); the smallest B on it is "
-             f"recommended.</p>"]
+             f"recommended. Rules: {html.escape(a.rules)}.</p>"]
     if a.noise_curves is None or a.noise_curves.empty:
         parts.append("<p class='note'>No noise curves (no private cell with a recorded sample rate).</p>")
         return "".join(parts)
@@ -395,9 +426,10 @@ def _errors_section(a: Analysis) -> str:
 
 
 def build_report(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float, float] | None = None,
-                 noise_batch_sizes: Sequence[int] | None = None, min_steps: int = MIN_STEPS,
-                 plateau_tol: float = PLATEAU_TOL) -> str:
-    """The report page as one HTML string (figures embedded as base64 PNG)."""
+                 noise_batch_sizes: Sequence[int] | None = None, min_steps: int | None = None,
+                 plateau_tol: float | None = None) -> str:
+    """The report page as one HTML string (figures embedded as base64 PNG); the pruning rules are
+    the sweep's own unless given (see :func:`analyse`)."""
     a = analyse(store, across=across, fixed=fixed, noise_batch_sizes=noise_batch_sizes, min_steps=min_steps,
                 plateau_tol=plateau_tol)
     t = a.sweep.trials
@@ -414,7 +446,7 @@ def build_report(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[f
             "<a href='#noise'>Noise curves</a><a href='#gradnorms'>Gradient norms (non-private)</a>"
             "<a href='#errors'>Errors</a></nav>",
             f"<ul class='note'>{notes}</ul>" if notes else "",
-            _summary_section(a), _private_selection_section(a), _optima_section(a), _heatmap_section(a), _noise_section(a, min_steps, plateau_tol),
+            _summary_section(a), _private_selection_section(a), _optima_section(a), _heatmap_section(a), _noise_section(a),
             _gradnorm_section(a), _cosine_section(a), _errors_section(a)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"

@@ -4,6 +4,7 @@
 <storage>/                       the spec's ``storage`` (local path, NFS mount, s3://…, gs://…, file://…)
   <experiment>/                  the experiment root: Ray Tune's experiment state (``dptune resume`` takes it)
     dptune_settings.json         the run settings, so ``resume`` uses the same resources
+    dptune_plan.json             the plan the sweep ran (pruning rules, each cell's batch sizes), for the report
     store/                       the Parquet results store (``dptune query --store`` takes it or the root)
     analysis/                    heatmaps and report of a local experiment
     workers/                     Ray Train's runs of multi-worker trials (resources.workers > 1)
@@ -15,6 +16,7 @@ filesystem reads them, and how a ``--store`` argument is resolved. Imports neith
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, replace
 
@@ -24,7 +26,7 @@ import pyarrow.fs as pafs
 DEFAULT_STORAGE = "./dptune-results"
 DEFAULT_EXPERIMENT = "default"
 #: Folder and file names inside an experiment root.
-STORE, ANALYSIS, SETTINGS_FILE = "store", "analysis", "dptune_settings.json"
+STORE, ANALYSIS, SETTINGS_FILE, PLAN_FILE = "store", "analysis", "dptune_settings.json", "dptune_plan.json"
 #: Ray Train's runs of multi-worker trials (their checkpoints between worker restarts).
 WORKER_RUNS = "workers"
 #: Figures are written with local file APIs: those of a remote experiment go here.
@@ -109,6 +111,20 @@ class ExperimentPaths:
     def settings(self) -> str:
         """The run settings the sweep writes for ``resume``."""
         return _join(self.root, SETTINGS_FILE)
+
+    @property
+    def plan(self) -> str:
+        """The plan the sweep ran (its pruning rules and each cell's batch sizes), for the report."""
+        return _join(self.root, PLAN_FILE)
+
+    def saved_plan(self) -> dict | None:
+        """The plan :func:`dptune.platform.sweep.run_sweep` saved, or None (a store without one)."""
+        fs, path = filesystem(self.plan)
+        try:
+            with fs.open_input_stream(path) as f:
+                return json.loads(f.read())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
 
     @property
     def figures(self) -> str:

@@ -20,7 +20,7 @@ from .catalog import trainables_catalog
 from .equivalence import EquivalenceLog, write_equivalent_rows
 from .kept import keeping, kept_results
 from .launcher import RunSettings, resourced, run_config, start_ray
-from .layout import SETTINGS_FILE, ExperimentPaths, absolute
+from .layout import PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
 from .schedulers import build_scheduler
 from .searcher import SweepSearcher
 from .selection import release_selections
@@ -70,6 +70,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
         run_config=run_config(settings, plan.num_trials),
     )
     _save_settings(settings)
+    _save_plan(plan, settings)
     print(f"dptune: running {plan.num_trials} trials; experiment at {settings.paths.root}\n"
           f"        if this is interrupted, continue with: dptune resume {settings.paths.root}", file=out)
     return _outcome(tuner.fit(), settings, out)
@@ -100,6 +101,26 @@ def _save_settings(settings: RunSettings) -> None:
     fs.create_dir(root, recursive=True)
     with fs.open_output_stream(f"{root}/{SETTINGS_FILE}") as f:
         f.write(json.dumps(dataclasses.asdict(settings)).encode())
+
+
+def plan_record(plan: SweepPlan) -> dict:
+    """What the report needs of the plan a sweep ran: its pruning rules and, per cell (keyed as the
+    store's ``cell`` column), N and every candidate B with whether it was kept and searched."""
+    pruning = plan.space.pruning
+    return {"pruning": {"min_steps": pruning.min_steps, "plateau_tol": pruning.plateau_tol,
+                        "max_batch_sizes": pruning.max_batch_sizes},
+            "cells": {c.cell.key: {"dataset_size": c.dataset_size,
+                                   "batch_sizes": [int(r["batch_size"]) for r in c.rows],
+                                   "kept": [int(r["batch_size"]) for r in c.rows if r["kept"]],
+                                   "searched": [int(b) for b in c.searched_batch_sizes]} for c in plan}}
+
+
+def _save_plan(plan: SweepPlan, settings: RunSettings) -> None:
+    """Keep the plan beside the store, so `dptune report` draws the rules the sweep used."""
+    fs, root = settings.paths.filesystem()
+    fs.create_dir(root, recursive=True)
+    with fs.open_output_stream(f"{root}/{PLAN_FILE}") as f:
+        f.write(json.dumps(plan_record(plan), indent=1).encode())
 
 
 def _load_settings(paths: ExperimentPaths) -> RunSettings:

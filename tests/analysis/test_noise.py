@@ -1,4 +1,5 @@
 """σ√T-versus-B curves: the minimum-step floor, the plateau, and the cells of a store."""
+import json
 import math
 
 import pytest
@@ -53,3 +54,36 @@ def test_cell_noise_curves_read_n_and_the_tried_batches_from_the_store(tmp_path)
     assert curves["batch_size"].tolist() == [25, 50, 100] and (curves["dataset_size"] == N).all()
     assert curves["tried"].tolist() == [True, True, False]
     assert notes == ["toy · mlp · ε=1 · 1 epoch: no noise curve (no trial recorded its sample rate)"]
+
+
+def test_the_report_draws_the_rules_and_batch_sizes_of_the_plan_the_sweep_saved(tmp_path):
+    from dptune.analysis.report import analyse
+    from dptune.platform.layout import ExperimentPaths
+
+    paths = ExperimentPaths(str(tmp_path / "exp"))
+    store = ResultsStore(paths.store)
+    for trial_id, b in (("a", 50), ("b", 100)):
+        store.write_trial({"trial_id": trial_id, "status": "finished", "dataset": "toy", "backbone": "mlp",
+                           "epsilon": EPS, "epochs": EPOCHS, "clip_bound": 1.0, "batch_size": b, "learning_rate": 1.0,
+                           "private": True, "accuracy": 0.5, "sample_rate": b / N, "cell": "toy/mlp/eps=4"})
+    # no saved plan: the rules' defaults and a grid of powers of two
+    plain = analyse(store, gradnorms=False)
+    assert (plain.min_steps, plain.plateau_tol) == (20, 0.05) and "defaults" in plain.rules
+    # the plan as the sweep saves it (platform.sweep.plan_record): a 60% plateau, a 4-step floor
+    plan = {"pruning": {"min_steps": 4, "plateau_tol": 0.6, "max_batch_sizes": None},
+            "cells": {"toy/mlp/eps=4": {"dataset_size": N, "batch_sizes": [20, 50, 100, 200, 300],
+                                        "kept": [], "searched": [50, 100]}}}
+    (tmp_path / "exp" / "dptune_plan.json").write_text(json.dumps(plan))
+    a = analyse(store, gradnorms=False)
+    assert (a.min_steps, a.plateau_tol) == (4, 0.6) and "saved plan" in a.rules
+    curve = a.noise_curves
+    assert curve["batch_size"].tolist() == [20, 50, 100, 200, 300] and curve["planned"].all()
+    sqrt_t = {b: calibrate_noise(EPS, 1e-5, b / N, math.ceil(EPOCHS * N / b)) * math.sqrt(math.ceil(EPOCHS * N / b))
+              for b in curve["batch_size"]}
+    floor = min(v for b, v in sqrt_t.items() if math.ceil(EPOCHS * N / b) >= 4)
+    expected = [math.ceil(EPOCHS * N / b) >= 4 and sqrt_t[b] <= 1.6 * floor for b in curve["batch_size"]]
+    assert curve["kept"].tolist() == expected and sum(expected) >= 2
+    default = noise_curve(EPS, 1e-5, N, EPOCHS, curve["batch_size"], min_steps=20, plateau_tol=0.05)
+    assert default["kept"].tolist() != expected   # the defaults would draw another plateau
+    given = analyse(store, gradnorms=False, plateau_tol=0.05)   # rules given to the report win
+    assert (given.min_steps, given.plateau_tol) == (4, 0.05) and "given" in given.rules
