@@ -300,7 +300,7 @@ def image_run(cfg: TrainConfig) -> dict:
     trainer = Trainer(cfg)
     curve, gate = [], []
     while not trainer.done:
-        _, _, stats = trainer.train_step()
+        stats = trainer.train_step()[2]
         curve.append(evaluate(trainer.model, trainer.data.test, trainer.data.num_classes, trainer.device)["accuracy"])
         if stats is not None:
             gate.append(stats["passed_gate"] / stats["layers"])
