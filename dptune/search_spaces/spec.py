@@ -111,13 +111,36 @@ def read_spec_file(path: str | os.PathLike) -> Mapping[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"spec file not found: {path}")
+    text = path.read_text()
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({exc})".replace("\n", " ")) from None
+        raise SpecError(yaml_error_message(path, text, exc)) from None
     if not isinstance(raw, Mapping):
         raise SpecError(f"{path}: a sweep spec must be a mapping of sections; got {type(raw).__name__}")
     return raw
+
+
+def yaml_error_message(path: str | os.PathLike, text: str, exc: yaml.YAMLError) -> str:
+    """``file:line:column: not valid YAML: <problem>``, then the offending line with a caret under
+    the column (and the line where the unclosed construct began, when that is another line);
+    PyYAML's own text names ``"<unicode string>"`` and runs over several lines."""
+    problem_mark, context_mark = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    mark = problem_mark or context_mark
+    reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return f"{path}: not valid YAML: {reason}"
+    lines = text.splitlines()
+
+    def shown(m) -> str:
+        line = lines[m.line] if m.line < len(lines) else ""
+        return f"\n  {m.line + 1:>4} | {line}\n       | {' ' * m.column}^"
+
+    message = f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {reason}"
+    context = getattr(exc, "context", None)
+    if context and problem_mark and context_mark and context_mark.line != problem_mark.line:
+        message += f" ({context} that starts on line {context_mark.line + 1})" + shown(context_mark)
+    return message + shown(mark)
 
 
 def load_spec(source: str | os.PathLike | Mapping[str, Any], catalog: Catalog) -> Spec:

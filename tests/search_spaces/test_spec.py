@@ -127,6 +127,19 @@ def test_yaml_that_is_not_a_mapping_is_refused(tmp_path, catalog):
         load_spec(tmp_path / "missing.yaml", catalog)
 
 
+def test_a_yaml_syntax_error_names_file_line_and_column_and_shows_the_line(tmp_path, catalog):
+    path = tmp_path / "typo.yaml"
+    path.write_text("axes:\n  epsilon: 1\n  dataset: digits\nclip_bound: [0.1, 1\nbatch_size: [64]\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path, catalog)
+    first, *shown = str(info.value).splitlines()
+    # PyYAML stops at line 5 ("batch_size:", column 11: the ':'); the unclosed '[' opened on line 4
+    assert first.startswith(f"{path}:5:11: not valid YAML: expected ',' or ']', but got ':'") and "line 4" in first
+    assert "<unicode string>" not in str(info.value)
+    assert shown == ["     4 | clip_bound: [0.1, 1", "       |             ^",
+                     "     5 | batch_size: [64]", "       |           ^"]
+
+
 def test_randomised_clipping_needs_a_sketch_size(catalog, toy_spec):
     from dataclasses import replace
 
