@@ -69,10 +69,19 @@ def _wrap(title: str, width: int = 42) -> str:
 def heatmap_figure(table: pd.DataFrame, cells: pd.DataFrame, facet: str, *, across: str = "epsilon",
                    baseline: float | None = None) -> Figure:
     """C × B heatmaps of the best accuracy over η, one panel per cell of a facet (ordered by
-    ``across``); the optimum is starred with its η; errored-only settings read "error"."""
-    fig, axes = _layout(len(cells), 4.7, 3.9)
-    for ax, (_, cell) in zip(axes, cells.iterrows()):
-        _heatmap_panel(fig, ax, table[table["cell_name"] == cell["cell_name"]], cell["cell_name"])
+    ``across``), on one colour scale (one colour bar: a colour means the same accuracy in every
+    panel); the optimum is starred with its η; errored-only settings read "error"."""
+    fig, axes = _layout(len(cells), 4.4, 3.9)
+    shown = table[table["cell_name"].isin(cells["cell_name"])]["accuracy"].to_numpy(dtype=float)
+    finite = shown[np.isfinite(shown)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if hi - lo < 1e-3:
+        lo, hi = lo - 0.005, hi + 0.005
+    meshes = [_heatmap_panel(ax, table[table["cell_name"] == cell["cell_name"]], cell["cell_name"], lo, hi)
+              for ax, (_, cell) in zip(axes, cells.iterrows())]
+    meshes = [m for m in meshes if m is not None]
+    if meshes and finite.size:
+        fig.colorbar(meshes[0], ax=axes, label="best accuracy over η (all panels)", shrink=0.9)
     note = f"; non-private baseline {baseline:.3f}" if baseline is not None and math.isfinite(baseline) else ""
     fig.suptitle(f"{facet}: best test accuracy over η for each (C, B), across {_axis_name(across)}\n"
                  f"★ = optimum (its η written){note}", fontsize=11)
@@ -83,13 +92,14 @@ def _axis_name(column: str) -> str:
     return {"epsilon": "ε", "epochs": "epochs"}.get(column, column)
 
 
-def _heatmap_panel(fig: Figure, ax, table: pd.DataFrame, title: str) -> None:
+def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
+    """One cell's panel on the colour scale [lo, hi]; returns its mesh (None: nothing drawn)."""
     cs = sorted(table["clip_bound"].dropna().unique())
     bs = sorted(table["batch_size"].dropna().unique())
     ax.set_title(_wrap(title), fontsize=10)
     if not cs or not bs:
         ax.text(0.5, 0.5, "no (C, B) recorded", transform=ax.transAxes, ha="center", va="center")
-        return
+        return None
     acc = np.full((len(bs), len(cs)), np.nan)
     errored = np.zeros_like(acc, dtype=bool)
     eta = np.full_like(acc, np.nan)
@@ -97,9 +107,6 @@ def _heatmap_panel(fig: Figure, ax, table: pd.DataFrame, title: str) -> None:
         i, j = bs.index(r["batch_size"]), cs.index(r["clip_bound"])
         acc[i, j], eta[i, j], errored[i, j] = r["accuracy"], r["learning_rate"], r["errored"] > 0
     finite = acc[np.isfinite(acc)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    if hi - lo < 1e-3:
-        lo, hi = lo - 0.005, hi + 0.005
     xe, ye = _edges(cs), _edges(bs)
     ax.set_facecolor("#e8e8e8")  # settings that were not run
     mesh = ax.pcolormesh(xe, ye, np.ma.masked_invalid(acc), cmap="viridis", vmin=lo, vmax=hi,
@@ -114,8 +121,6 @@ def _heatmap_panel(fig: Figure, ax, table: pd.DataFrame, title: str) -> None:
         ax.tick_params(axis="x", labelrotation=45)
     ax.set_xlabel("clipping bound C")
     ax.set_ylabel("batch size B")
-    if finite.size:
-        fig.colorbar(mesh, ax=ax, label="best accuracy over η", shrink=0.9)
     size = 8 if max(len(cs), len(bs)) <= 6 else 6 if max(len(cs), len(bs)) <= 10 else 0
     best = None
     if finite.size:  # ties go to the smaller C, then the smaller B (as in Sweep.optima)
@@ -135,13 +140,14 @@ def _heatmap_panel(fig: Figure, ax, table: pd.DataFrame, title: str) -> None:
     if best is None:
         ax.text(0.5, 0.97, "no finished trial in this cell", transform=ax.transAxes, ha="center", va="top",
                 color="#b00020", bbox={"facecolor": "white", "edgecolor": "#b00020"})
-        return
+        return mesh
     i, j = best
     ax.add_patch(Rectangle((xe[j], ye[i]), xe[j + 1] - xe[j], ye[i + 1] - ye[i], fill=False, edgecolor="#ff2d55",
                            linewidth=2.2))
     ax.text(math.sqrt(xe[j] * xe[j + 1]), math.sqrt(ye[i] * ye[i + 1]),
             f"★ {acc[i, j]:.3f}\nη={float(eta[i, j]):.2g}", ha="center", va="center", fontsize=max(size, 7),
             fontweight="bold", color="black" if (acc[i, j] - lo) / (hi - lo) > 0.6 else "white")
+    return mesh
 
 
 def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float]) -> Figure:

@@ -48,6 +48,14 @@ class Analysis:
     rules: str = "the pruning rules' defaults (no saved plan)"   # where they come from
 
 
+#: How the note on a missing fixed-setting chart begins (it says why there is none).
+FIXED_NOTE = "no chart of the cost of a fixed setting"
+
+
+def _fixed_note(a: "Analysis") -> str | None:
+    return next((n for n in a.notes if n.startswith(FIXED_NOTE)), None)
+
+
 def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float, float] | None = None,
             noise: bool = True, noise_batch_sizes: Sequence[int] | None = None, min_steps: int | None = None,
             plateau_tol: float | None = None, gradnorms: bool = True) -> Analysis:
@@ -67,7 +75,7 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
     except ValueError as exc:
         if fixed:
             raise
-        result.notes.append(f"cost of a fixed setting: {exc}")
+        result.notes.append(f"{FIXED_NOTE}: {exc}")
     plan = ExperimentPaths.find(store.root).saved_plan() or {}
     pruning = plan.get("pruning", {})
     if pruning:
@@ -156,7 +164,7 @@ def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "e
     a = analyse(store, across=across, fixed=fixed, noise=False, gradnorms=False)
     for line in optimum_lines(a.optima) if out is not None else ():
         print(line, file=out)
-    out = Path(out_dir)
+    printing, out = out, Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for facet, fig in heatmap_figures(a):
@@ -168,6 +176,8 @@ def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "e
         paths += figures.save(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting), out / "fixed_setting_cost")
         write_csv(a.fixed_cost, out / "fixed_setting_cost.csv")
         paths.append(out / "fixed_setting_cost.csv")
+    elif printing and _fixed_note(a):
+        print(_fixed_note(a), file=printing)
     return paths
 
 
@@ -301,6 +311,8 @@ def _optima_section(a: Analysis) -> str:
     if a.fixed_cost is not None:
         parts.append(_figure_html(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting), "cost of a fixed setting",
                                   _fixed_caption(a)))
+    elif _fixed_note(a):
+        parts.append(f"<p class='note'>{html.escape(_fixed_note(a))}.</p>")
     return "".join(parts)
 
 
@@ -308,8 +320,8 @@ def _fixed_caption(a: Analysis) -> str:
     """What the fixed-setting chart shows, with its largest loss (data, not a claim)."""
     c, b = a.fixed_setting
     cost = a.fixed_cost["cost"].dropna()
-    text = (f"One global setting C={fmt(c)}, B={fmt(b)} (the best on average among the settings run in the most "
-            "cells, unless --fixed was given; η still tuned per cell) against each cell's optimal (C, B, η). ")
+    text = (f"One global setting C={fmt(c)}, B={fmt(b)} (the best on average among the settings run in every "
+            "cell, unless --fixed was given; η still tuned per cell) against each cell's optimal (C, B, η). ")
     missing = int(a.fixed_cost["fixed_accuracy"].isna().sum())
     if missing:
         text += f"It was not run in {missing} cell(s). "
@@ -330,7 +342,7 @@ def _heatmap_section(a: Analysis) -> str:
         parts.append(_figure_html(fig, f"heatmap {facet}",
                                   "Each panel is one cell; one column per clipping bound C and one row per "
                                   "batch size B the sweep ran; colour: best mean accuracy over η for each "
-                                  "(C, B); grey: not run, or only errored trials (marked error); ★: the "
+                                  "(C, B), on one scale for all panels; grey: not run, or only errored trials (marked error); ★: the "
                                   "cell's optimum with its η."))
     return "".join(parts)
 

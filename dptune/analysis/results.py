@@ -166,9 +166,11 @@ class Sweep:
                            batch_size: float | None = None) -> tuple[tuple[float, float], pd.DataFrame]:
         """Accuracy of one global (C, B) (η still tuned per cell) against each private cell's optimum.
 
-        By default the global setting is the (C, B) with the best mean accuracy among those run in
-        the most cells, the best a practitioner could do with a single fixed setting. Returns the
-        setting and one row per private cell: optimum, fixed accuracy (NaN where not run), cost.
+        By default the global setting is the (C, B) with the best mean accuracy among those run
+        (with a result) in every private cell, the best a practitioner could do with a single fixed
+        setting; when no (C, B) was run in every cell (each cell searched its own pruned batch
+        sizes), there is no such setting and this raises ValueError saying so. Returns the setting
+        and one row per private cell: optimum, fixed accuracy (NaN where not run), cost.
         """
         table = self.heatmap_table().dropna(subset=["accuracy"])
         if table.empty:
@@ -176,9 +178,14 @@ class Sweep:
         if (clip_bound is None) != (batch_size is None):
             raise ValueError("give both the clipping bound and the batch size of the fixed setting, or neither")
         if clip_bound is None:
+            cells = table["cell_name"].nunique()
             stats = table.groupby(["clip_bound", "batch_size"])["accuracy"].agg(["size", "mean"]).reset_index()
-            stats = stats[stats["size"] == stats["size"].max()].sort_values(["mean", "clip_bound", "batch_size"],
-                                                                            ascending=[False, True, True])
+            stats = stats[stats["size"] == cells].sort_values(["mean", "clip_bound", "batch_size"],
+                                                              ascending=[False, True, True])
+            if stats.empty:
+                raise ValueError(f"no (C, B) was run in all {cells} private cells (each cell searched its own "
+                                 "batch sizes), so no single setting can be compared across them; "
+                                 "--fixed C,B compares one anyway")
             clip_bound, batch_size = float(stats["clip_bound"].iloc[0]), float(stats["batch_size"].iloc[0])
         at = table[np.isclose(table["clip_bound"], clip_bound) & np.isclose(table["batch_size"], batch_size)]
         if at.empty:

@@ -1,5 +1,6 @@
 """Heatmap data, optima, fixed-setting cost and per-class norms from synthetic stores with known answers."""
 import base64
+import io
 import itertools
 import math
 import re
@@ -176,3 +177,51 @@ def test_heatmap_writes_the_optimums_eta_rounded(tmp_path):
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert any(t.endswith("η=0.71") for t in texts), texts
     assert not any("0.707107" in t for t in texts)
+
+
+def test_no_fixed_setting_chart_when_no_setting_was_run_in_every_cell(tmp_path):
+    """Each ε cell kept its own batch sizes (as the plateau rule prunes them): no (C, B) was run in
+    both, so there is no fixed setting to compare; the chart is left out with a line saying why."""
+    store = ResultsStore(str(tmp_path / "store"))
+    for eps, batches in ((1.0, (32, 128)), (8.0, (512,))):
+        for b in batches:
+            store.write_trial(trial(f"e{eps:g}-b{b}", epsilon=eps, batch_size=b, accuracy=0.5 + b / 2000))
+    with pytest.raises(ValueError, match="no \\(C, B\\) was run in all 2 private cells"):
+        Sweep.from_store(store).fixed_setting_cost()
+    printed = io.StringIO()
+    paths = write_heatmaps(store, tmp_path / "out", out=printed)
+    assert not any("fixed_setting_cost" in p.name for p in paths)
+    assert not list((tmp_path / "out").glob("fixed_setting_cost*"))
+    assert "no chart of the cost of a fixed setting: no (C, B) was run in all 2 private cells" in printed.getvalue()
+    assert "no chart of the cost of a fixed setting" in build_report(store)
+    # one shared setting, beaten on average by one run in a single cell: the shared one is chosen
+    store.write_trial(trial("e8-b128", epsilon=8.0, batch_size=128, accuracy=0.3))
+    setting, cost = Sweep.from_store(store).fixed_setting_cost()
+    assert setting == (1.0, 128) and cost["fixed_accuracy"].notna().all()
+
+
+def test_heatmaps_of_a_facet_share_one_colour_scale_and_no_label_overlaps_another_panel(store):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from dptune.analysis.figures import heatmap_figure
+
+    sweep = Sweep.from_store(store)
+    table = sweep.heatmap_table()
+    facet, cells = next(sweep.facets("epsilon"))
+    fig = heatmap_figure(table, cells, facet)
+    panels = [ax for ax in fig.axes if ax.collections and ax.get_label() != "<colorbar>"]
+    assert len(panels) == 2 and len(fig.axes) == 3            # two cells, one colour bar
+    shown = table[table["cell_name"].isin(cells["cell_name"])]["accuracy"].dropna()
+    for ax in panels:   # the same accuracy is the same colour in every panel
+        assert ax.collections[0].get_clim() == pytest.approx((shown.min(), shown.max()))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+
+    def labels(ax):
+        texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()]
+        return [t.get_window_extent(renderer) for t in texts if t.get_visible() and t.get_text()]
+
+    boxes = {k: labels(ax) for k, ax in enumerate(fig.axes)}
+    for k, m in itertools.combinations(boxes, 2):
+        for a in boxes[k]:
+            assert not any(a.overlaps(b) for b in boxes[m]), (k, m)
