@@ -36,7 +36,7 @@ def config_id(config: dict) -> str:
 def kept_results(store: ResultsStore) -> dict[str, dict]:
     """{config id: final result} of every trial the store holds as finished or stopped."""
     trials = store.table("trials")
-    if "config_id" not in trials.columns:  # an empty store, or one written before config ids
+    if "config_id" not in trials.columns or "status" not in trials.columns:  # empty, or written before config ids
         return {}
     ended = trials[trials.status.isin(["finished", "stopped"]) & trials.config_id.notna()]
     return {row["config_id"]: {k: _scalar(row[k]) for k in RESULT_COLUMNS if k in row and _scalar(row[k]) is not None}

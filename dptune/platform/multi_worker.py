@@ -69,7 +69,7 @@ class WorkerSpec:
 def run_on_workers(config: dict, spec: WorkerSpec) -> None:
     """The Tune side of a multi-worker trial: start its Train run, relay every epoch's report
     (metrics and state) to Tune, and raise what the run raised."""
-    from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty, Queue
 
@@ -80,13 +80,12 @@ def run_on_workers(config: dict, spec: WorkerSpec) -> None:
     reports = Queue(actor_options={"num_cpus": 0})
     per_worker = {"CPU": spec.cpu, **({"GPU": spec.gpu} if spec.gpu else {})}
     trainer = TorchTrainer(
-        _worker_loop, train_loop_config={"config": config},
+        _worker_loop, train_loop_config={"config": config, "restore": restored},
         torch_config=TorchConfig(backend="nccl" if spec.gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpu > 0, resources_per_worker=per_worker),
         run_config=RunConfig(name=f"trial-{tune.get_context().get_trial_id()}", storage_path=spec.storage,
                              failure_config=FailureConfig(max_failures=spec.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2), callbacks=[_Relay(reports)]),
-        resume_from_checkpoint=None if restored is None else Checkpoint(restored.path, restored.filesystem))
+                             checkpoint_config=CheckpointConfig(num_to_keep=2), callbacks=[_Relay(reports)]))
     outcome: dict = {}
 
     def fit() -> None:
@@ -149,7 +148,8 @@ def _worker_loop(loop_config: dict) -> None:
     check_plan(spec.get("meta", {}), trainer)
     rank0 = trainer.workers.rank == 0
     history: list[dict] = []
-    state = tune_adapter.checkpoint_state(ray.train.get_checkpoint())
+    # Train's latest checkpoint (after a worker restart), else the one Tune restored the trial from
+    state = tune_adapter.checkpoint_state(ray.train.get_checkpoint() or loop_config.get("restore"))
     if state is not None:
         trainer.load_state_dict(state["trainer"])
         history = state["history"]
