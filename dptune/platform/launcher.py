@@ -5,6 +5,7 @@ import functools
 import logging
 import os
 import secrets
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -14,6 +15,7 @@ from ray import tune
 
 from .callbacks import StoreCallback
 from .progress import TrialLines
+from .ray_orphans import stop_orphans
 from .layout import DEFAULT_STORAGE, WORKER_RUNS, ExperimentPaths, absolute
 from .multi_worker import WorkerSpec, run_on_workers
 from .trainable import dp_trainable
@@ -85,7 +87,8 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashbo
     """Join ``address`` (e.g. "auto" on a cluster) or start embedded local Ray on 127.0.0.1: node
     address 127.0.0.1, no dashboard, token authentication on with a token only its owner can read
     (:func:`private_ray_token`). Ray's gRPC servers still listen on every interface (Ray 2.60 has
-    no setting for their bind address; see the README's security note)."""
+    no setting for their bind address; see the README's security note). Ray processes a killed
+    earlier local session left running are stopped first (:mod:`.ray_orphans`)."""
     if ray.is_initialized():
         return
     if address:
@@ -94,6 +97,9 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashbo
         if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
             private_ray_token()
             _token_mode()
+        stopped = stop_orphans()   # agents a killed earlier session left running
+        if stopped:
+            print(f"dptune: stopped {len(stopped)} Ray process(es) left by a killed local session", file=sys.stderr)
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, _node_ip_address="127.0.0.1",
                  logging_level=logging.WARNING, configure_logging=True)
 

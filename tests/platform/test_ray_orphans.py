@@ -1,0 +1,48 @@
+"""Ray processes left by a killed local session are stopped; those of a live raylet are not."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dptune.platform.ray_orphans import orphaned_ray_processes, stop_orphans
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_an_agent_whose_raylet_died_is_stopped_and_one_of_a_live_raylet_is_not(tmp_path):
+    # an agent left behind: started by a "raylet" that is then killed (it is reparented to init)
+    raylet = subprocess.Popen(["bash", "-c", f"exec -a /fake/ray/raylet bash -c '(exec -a ray::DashboardAgent "
+                                             f"sleep 300) & echo $! > {tmp_path}/orphan; wait'"])
+    # an agent of a raylet that is alive
+    live = subprocess.Popen(["bash", "-c", f"exec -a /fake/ray/raylet bash -c '(exec -a ray::RuntimeEnvAgent "
+                                           f"sleep 300) & echo $! > {tmp_path}/kept; wait'"])
+    try:
+        for _ in range(100):
+            if (tmp_path / "orphan").exists() and (tmp_path / "kept").exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
+        orphan, kept = int((tmp_path / "orphan").read_text()), int((tmp_path / "kept").read_text())
+        assert orphan not in orphaned_ray_processes() and kept not in orphaned_ray_processes()
+        raylet.kill()
+        raylet.wait()
+        assert orphan in orphaned_ray_processes() and kept not in orphaned_ray_processes()
+        assert orphan in stop_orphans(grace_s=2.0)
+        assert not alive(orphan) and alive(kept)
+    finally:
+        live.kill()
+        for name in ("orphan", "kept"):
+            try:
+                os.kill(int((tmp_path / name).read_text()), 9)
+            except (OSError, ValueError):
+                pass
