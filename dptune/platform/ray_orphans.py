@@ -32,7 +32,9 @@ def _state_and_parent(pid: int) -> tuple[str, int]:
 
 
 def orphaned_ray_processes() -> list[int]:
-    """PIDs of the current user's Ray processes (``ray::…``) whose parent is no longer a raylet."""
+    """PIDs of the current user's Ray processes (``ray::…``) with no raylet above them: the first
+    ancestor that is not itself a ``ray::`` process (a worker's forked children, e.g. data loaders,
+    keep its title) is not a raylet."""
     if not os.path.isdir(PROC):
         return []
     uid, found = os.getuid(), []
@@ -46,6 +48,8 @@ def orphaned_ray_processes() -> list[int]:
             state, parent = _state_and_parent(pid)
             if state == "Z":   # already dead, waiting for its parent to reap it
                 continue
+            while parent > 1 and _argv0(parent).startswith(RAY_TITLE):   # a process a Ray worker forked
+                parent = _state_and_parent(parent)[1]                     # (it keeps the worker's title)
             if os.path.basename(_argv0(parent)) == "raylet":
                 continue
         except (OSError, ValueError, IndexError):   # gone meanwhile, or not ours to read

@@ -20,12 +20,14 @@ def alive(pid: int) -> bool:
 
 
 def test_an_agent_whose_raylet_died_is_stopped_and_one_of_a_live_raylet_is_not(tmp_path):
+    def raylet(script: str) -> subprocess.Popen:   # bash running ``script``, titled as a raylet
+        return subprocess.Popen(["/fake/ray/raylet", "-c", script], executable="/bin/bash", cwd=tmp_path)
+
     # an agent left behind: started by a "raylet" that is then killed (it is reparented to init)
-    raylet = subprocess.Popen(["bash", "-c", f"exec -a /fake/ray/raylet bash -c '(exec -a ray::DashboardAgent "
-                                             f"sleep 300) & echo $! > {tmp_path}/orphan; wait'"])
-    # an agent of a raylet that is alive
-    live = subprocess.Popen(["bash", "-c", f"exec -a /fake/ray/raylet bash -c '(exec -a ray::RuntimeEnvAgent "
-                                           f"sleep 300) & echo $! > {tmp_path}/kept; wait'"])
+    dead = raylet("(exec -a ray::DashboardAgent sleep 300) & echo $! > orphan; wait")
+    # a process forked by a worker of a raylet that is alive (a data loader keeps the worker's title)
+    (tmp_path / "worker.sh").write_text("(exec -a ray::IDLE sleep 300) & echo $! > kept; wait\n")
+    live = raylet("(exec -a ray::IDLE bash worker.sh) & wait")
     try:
         for _ in range(100):
             if (tmp_path / "orphan").exists() and (tmp_path / "kept").exists():
@@ -34,8 +36,8 @@ def test_an_agent_whose_raylet_died_is_stopped_and_one_of_a_live_raylet_is_not(t
         time.sleep(0.2)
         orphan, kept = int((tmp_path / "orphan").read_text()), int((tmp_path / "kept").read_text())
         assert orphan not in orphaned_ray_processes() and kept not in orphaned_ray_processes()
-        raylet.kill()
-        raylet.wait()
+        dead.kill()
+        dead.wait()
         assert orphan in orphaned_ray_processes() and kept not in orphaned_ray_processes()
         assert orphan in stop_orphans(grace_s=2.0)
         assert not alive(orphan) and alive(kept)
