@@ -30,9 +30,10 @@ from dptune.trainables.training import Trainer
 
 STEPS = 12
 SIGMA, BATCH = 2.0, 10.0
-#: Trainer cases compared between W = 1 and W = 2: exact and Hutchinson norms, with and without micro-batches.
+#: Trainer cases compared between W = 1 and W = 2: exact and Hutchinson norms, with and without
+#: micro-batches, and the non-private baseline (mean loss over the global realised batch).
 CASES = [{}, {"max_physical_batch_size": 3}, {"norm_estimator": "hutchinson", "sketch_k": 4},
-         {"norm_estimator": "hutchinson", "sketch_k": 4, "max_physical_batch_size": 3}]
+         {"norm_estimator": "hutchinson", "sketch_k": 4, "max_physical_batch_size": 3}, {"epsilon": math.inf}]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,9 @@ def local_ray():
 
 
 def config(**options) -> TrainConfig:
-    return TrainConfig(dataset="digits", model="mlp", epsilon=2.0, epochs=1, batch_size=4, noise_multiplier=1.0,
-                       learning_rate=0.5, momentum=0.9, model_options={"hidden": 8}, device="cpu", seed=3, **options)
+    options = {"epsilon": 2.0, **options}
+    return TrainConfig(dataset="digits", model="mlp", epochs=1, batch_size=4, noise_multiplier=1.0, learning_rate=0.5,
+                       momentum=0.9, model_options={"hidden": 8}, device="cpu", seed=3, **options)
 
 
 def digits64():
