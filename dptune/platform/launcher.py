@@ -126,6 +126,20 @@ def resourced(settings: RunSettings, function: Callable[..., None] = dp_trainabl
     return tune.with_resources(trial, spec.resources_for)
 
 
+def max_concurrent(settings: RunSettings) -> int | None:
+    """Tune's bound on running trials: the spec's ``max_concurrent``; with ``workers`` > 1 and none
+    given, as many trials as the cluster's CPUs (and GPUs) would hold if each ran on one worker, at
+    least one. Multi-worker trials' Tune functions reserve next to nothing, so without a bound Tune
+    would start every trial's function and Train controller at once, all waiting for workers."""
+    if settings.max_concurrent is not None or settings.workers <= 1 or not ray.is_initialized():
+        return settings.max_concurrent
+    available = ray.cluster_resources()
+    fits = [available.get("CPU", 0.0) // settings.cpus_per_trial]
+    if settings.gpus_per_trial:
+        fits.append(available.get("GPU", 0.0) // settings.gpus_per_trial)
+    return max(1, int(min(fits)))
+
+
 def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfig:
     """Storage, retries, two kept checkpoints per trial, the store callback and, unless Ray Tune's
     own verbose output is on, one progress line per ended trial (of ``total``).
@@ -157,6 +171,6 @@ def run_trials(trials: list[dict], settings: RunSettings,
     """Run an explicit list of trial specs ({"train": …, "meta": …}), one Ray Tune trial each
     (``trainable`` replaces the DP trainable only to measure the platform's own overhead)."""
     tuner = tune.Tuner(resourced(settings, trainable), param_space={"trial": tune.grid_search(trials)},
-                       tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=settings.max_concurrent),
+                       tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=max_concurrent(settings)),
                        run_config=run_config(settings))
     return tuner.fit()

@@ -19,7 +19,7 @@ from . import spec_sections  # noqa: F401  (registers the platform's spec sectio
 from .catalog import trainables_catalog
 from .equivalence import EquivalenceLog, write_equivalent_rows
 from .kept import keeping, kept_results
-from .launcher import RunSettings, resourced, run_config, start_ray
+from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
 from .layout import PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
 from .schedulers import build_scheduler
 from .searcher import SweepSearcher
@@ -66,7 +66,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
                                                              on_equivalent=EquivalenceLog(settings.paths.absolute())),
                                     num_samples=-1,
                                     scheduler=scheduler, reuse_actors=True,
-                                    max_concurrent_trials=settings.max_concurrent),
+                                    max_concurrent_trials=max_concurrent(settings)),
         run_config=run_config(settings, plan.num_trials),
     )
     _save_settings(settings)

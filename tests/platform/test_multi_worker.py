@@ -203,3 +203,13 @@ def test_worker_spec_picks_w_and_resources_per_trial():
     check_workers({"trainer": {"workers": 4}}, 4)
     with pytest.raises(ValueError, match="written on 4 worker.*not on 2: set resources.workers to 4"):
         check_workers({"trainer": {"workers": 4}}, 2)
+
+
+def test_multi_worker_sweeps_bound_the_trials_tune_starts(local_ray):
+    from dptune.platform.launcher import max_concurrent
+
+    assert max_concurrent(RunSettings(workers=1)) is None  # one-worker trials reserve their own resources
+    assert max_concurrent(RunSettings(workers=2, max_concurrent=5)) == 5
+    assert max_concurrent(RunSettings(workers=2, cpus_per_trial=1)) == 3  # num_cpus=3 of this module's Ray
+    assert max_concurrent(RunSettings(workers=2, cpus_per_trial=2)) == 1
+    assert max_concurrent(RunSettings(workers=2, cpus_per_trial=1, gpus_per_trial=1)) == 1  # no GPU: at least one
