@@ -22,6 +22,11 @@ COMPACT_EVERY = 64
 # loggers (a TensorBoard writer and three files per trial, about a third of the driver's time per
 # trial in a sweep of short trials) are off unless the user sets TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0.
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+# Ray Tune's console output: its new engine prints a configuration box ("Number of trials
+# 9223372036854775807" for a searcher's open-ended run) and a results path whatever the verbosity;
+# the classic engine prints nothing at verbose 0 (dptune's own lines, progress.py) and its progress
+# tables under `dptune sweep --verbose`.
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 
 class StoreCallback(tune.Callback):

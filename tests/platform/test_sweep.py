@@ -31,7 +31,9 @@ def test_sweep_writes_one_row_per_trial_with_the_right_figures(local_ray, tmp_pa
     settings = RunSettings(experiment="small", storage=str(tmp_path), max_failures=0, verbose=0)
     run_trials(trials + failing, settings)
     # the quiet log: one line per ended trial, none of Ray Tune's boxes and tables
-    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
+    printed = capsys.readouterr().out
+    assert "Configuration for experiment" not in printed and "9223372036854775807" not in printed
+    lines = [l for l in printed.splitlines() if l.startswith("[")]
     assert len(lines) == 5 and sum(" finished " in l for l in lines) == 3 and sum(" ERRORED " in l for l in lines) == 2
     assert all("digits|mlp|eps=" in l for l in lines) and sum("acc " in l for l in lines) >= 3
 
