@@ -4,6 +4,8 @@ target accuracy, plain DP vs ``denoise="rmt"`` vs its ablations, on real gradien
     python benchmarks/bench_rmt.py cosine   # digits mlp/cnn, B ∈ {256, 1024}, ε ∈ {1, 8}, seeds 0-2
     python benchmarks/bench_rmt.py steps    # digits mlp/cnn, ε = 8, B = 1024 and mlp ε = 1, B = 256: plain/rmt/ablations, η grid, seeds 0-2
     python benchmarks/bench_rmt.py text     # BBC News, pretrained MiniLM + LoRA (top layer; frozen prefix cached)
+    python benchmarks/bench_rmt.py window   # per step vs summed over K steps: cos(Σĝ, Σḡ) vs cos(Σrmt(ĝ), Σḡ)
+    python benchmarks/bench_rmt.py textsteps  # MiniLM + LoRA, ε = 8, B = 256: plain vs rmt, accuracy after every step
     python benchmarks/bench_rmt.py report   # print the markdown of what benchmarks/results/rmt.json holds
     python benchmarks/bench_rmt.py cosine --quick   # a smoke run (1 seed, 1 setting, 2 epochs)
 
@@ -57,7 +59,18 @@ def save(part: str, result: dict) -> None:
     results = load()
     results[part] = result
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1))
+    RESULTS.write_text(json.dumps(_rounded(results), separators=(",", ":")))
+
+
+def _rounded(value: object) -> object:
+    """Floats to 5 significant digits (the file keeps every step's accuracy of every run)."""
+    if isinstance(value, float):
+        return float(f"{value:.5g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def run(cfg: TrainConfig, data, *, every_step: bool) -> dict:
@@ -104,15 +117,27 @@ def cosine(quick: bool) -> dict:
     return out
 
 
-def steps_to_target(quick: bool) -> dict:
-    """Plain vs rmt vs ablations on digits, DP-SGD, C = 1, E = 30, per setting of STEP_SETTINGS."""
+def steps_to_target(quick: bool, extend: dict[str, tuple[float, ...]] | None = None) -> dict:
+    """Plain vs rmt vs ablations on digits, DP-SGD, C = 1, E = 30, per setting of STEP_SETTINGS.
+    ``extend`` ({setting key: more η}) runs only those η and merges them into the stored results."""
     data = load_dataset("digits", seed=0)
     settings = STEP_SETTINGS[:1] if quick else STEP_SETTINGS
+    if extend:
+        stored = load().get("steps", {})
+        for key, etas in extend.items():
+            m, b, e = next(s for s in settings if f"{s[0]}/B={s[1]}/eps={s[2]:g}" == key)
+            more = steps_one(data, m, b, e, quick, etas)
+            old = stored[key]
+            for name, by_eta in more["variants"].items():
+                old["variants"][name].update(by_eta)
+            old["etas"] = sorted(set(old["etas"]) | set(etas))
+        return stored
     return {f"{m}/B={b}/eps={e:g}": steps_one(data, m, b, e, quick) for m, b, e in settings}
 
 
-def steps_one(data, model: str, batch: int, eps: float, quick: bool) -> dict:
-    etas, seeds, epochs = (0.5, 1.0, 2.0, 4.0), SEEDS, 30.0
+def steps_one(data, model: str, batch: int, eps: float, quick: bool,
+              etas: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)) -> dict:
+    seeds, epochs = SEEDS, 30.0
     variants = VARIANTS
     if quick:
         etas, seeds, epochs, variants = (1.0,), (0,), 2.0, dict(list(VARIANTS.items())[:2])
@@ -131,6 +156,90 @@ def steps_one(data, model: str, batch: int, eps: float, quick: bool) -> dict:
             print(f"steps {model} B={batch} eps={eps:g} {name} eta={eta}: final {[round(r['curve'][-1], 3) for r in runs]}", flush=True)
         out["variants"][name] = by_eta
     return out
+
+
+def window(quick: bool) -> dict:
+    """Does the per-step cosine gain survive summing over steps? Along plain DP-SGD trajectories
+    (digits, ε = 8, B = 1024, η = 1, E = 20; mlp and cnn), per 2-D layer and window of K consecutive
+    steps: cos(Σ ĝ_t, Σ ḡ_t) and cos(Σ rmt(ĝ_t), Σ ḡ_t). Noise is independent across steps and
+    averages out in the sum (which is what SGD applies); the denoiser's truncation does not."""
+    from dptune.trainables.batching import to_device
+    from dptune.trainables.data import take
+
+    data = load_dataset("digits", seed=0)
+    seeds = (0,) if quick else SEEDS
+    out = {}
+    for model in ("mlp",) if quick else ("mlp", "cnn"):
+        per_k: dict[int, dict[str, list[float]]] = {}
+        for seed in seeds:
+            cfg = TrainConfig(dataset="digits", model=model, epsilon=8.0, batch_size=1024, epochs=2.0 if quick else 20.0,
+                              learning_rate=1.0, clip_bound=1.0, seed=seed)
+            tr = Trainer(cfg, data)
+            eng, names = tr.engine, tr.engine.denoised_names
+            hist = []  # per step: {layer: (ĝ, rmt(ĝ), ḡ)}
+            while not tr.done:
+                x, y = take(tr.data.train, tr.sampler.sample())
+                x, y = to_device(x, tr.device), y.to(tr.device)
+                tr.optimizer.zero_grad(set_to_none=True)
+                sums, _ = eng.clipped_sum(x, y)
+                private = eng.normalise(eng.add_noise(sums))
+                denoised, _ = eng.denoised(private, "rmt")
+                clean = eng.normalise(sums)
+                for name, p in eng.params.items():
+                    p.grad = private[name].to(p.dtype)
+                tr.optimizer.step()
+                tr.step += 1
+                hist.append({n: (private[n].double(), denoised[n].double(), clean[n].double()) for n in names})
+            for k in (1, 2, 5, 10):
+                acc = per_k.setdefault(k, {"plain": [], "rmt": []})
+                for start in range(0, len(hist) - k + 1, k):
+                    for n in names:
+                        g, d, c = (sum(h[n][i] for h in hist[start:start + k]) for i in range(3))
+                        acc["plain"].append(float((g * c).sum() / (g.norm() * c.norm())))
+                        acc["rmt"].append(float((d * c).sum() / (d.norm() * c.norm())))
+        out[model] = {str(k): {"plain": _mean(v["plain"]), "rmt": _mean(v["rmt"]),
+                               "rmt_better": _mean([float(r > p) for p, r in zip(v["plain"], v["rmt"])]),
+                               "windows": len(v["plain"])} for k, v in per_k.items()}
+        print(f"window {model}: {out[model]}", flush=True)
+    return out
+
+
+def window_markdown(res: dict) -> str:
+    lines = ["| model | K steps summed | mean cos(Σĝ, Σḡ) | mean cos(Σrmt(ĝ), Σḡ) | share of (layer, window) where rmt is closer |",
+             "|---|---:|---:|---:|---:|"]
+    for model, by_k in res.items():
+        for k, r in by_k.items():
+            lines.append(f"| {model} | {k} | {r['plain']:.3f} | {r['rmt']:.3f} | {100 * r['rmt_better']:.0f} % |")
+    return "\n".join(lines)
+
+
+def text_steps(quick: bool) -> dict:
+    """Where the text diagnostic improved (ε = 8, B = 256): plain vs rmt with bench_denoise.py's
+    text_run (DP-AdamW lr 5e-3, not tuned; C = 1; E = 2, T = 14; test accuracy after every step)."""
+    from bench_denoise import text_run, text_setup
+
+    data = text_setup(32, 16, seed=0)
+    seeds = (0,) if quick else SEEDS
+    runs = {d or "plain": [text_run(data, d, batch=256, epochs=1.0 if quick else 2.0, lr=5e-3, clip=1.0, seed=s,
+                                    epsilon=8.0) for s in seeds] for d in (None, "rmt")}
+    for name, rs in runs.items():
+        print(f"textsteps {name}: {[[round(a, 3) for a in r['curve']] for r in rs]}", flush=True)
+    return {"batch": 256, "epsilon": 8.0, "seeds": list(seeds), "runs": runs}
+
+
+def text_steps_markdown(res: dict) -> str:
+    plain_final = _mean([r["curve"][-1] for r in res["runs"]["plain"]])
+    target = 0.9 * plain_final
+    lines = [f"Target: 90 % of plain's mean final accuracy ({plain_final:.3f}) = {target:.3f}.", "",
+             "| variant | steps to target, per seed | final acc. (mean) | acc. after step 3, 7 (mean) | gate open |",
+             "|---|---|---:|---|---:|"]
+    for name, runs in res["runs"].items():
+        reach = ", ".join("—" if x is None else str(x) for x in (first_reach(r["curve"], target) for r in runs))
+        gate = _mean([r["gate_rate"] for r in runs if r["gate_rate"] is not None])
+        lines.append(f"| {name} | {reach} | {_mean([r['curve'][-1] for r in runs]):.3f} | "
+                     f"{_mean([r['curve'][2] for r in runs]):.3f}, {_mean([r['curve'][6] for r in runs]):.3f} | "
+                     f"{_f(100 * gate, '.1f')} % |")
+    return "\n".join(lines)
 
 
 def text(quick: bool) -> dict:
@@ -238,6 +347,22 @@ def cosine_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def text_markdown(res: dict) -> str:
+    """Per setting and kind of 2-D layer (LoRA factors, head): means over seeds of each run's figures."""
+    lines = ["| B | ε | layers | gate open | cosine improved, of gate-open | mean gain | mean cos(ĝ,ḡ) | kept rank | "
+             "shrinkage |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for s in res.values():
+        for kind in ("LoRA factors", "head"):
+            per = [r["per_layer"][kind] for r in s["runs"] if kind in r["per_layer"]]
+
+            def m(key: str) -> float:
+                return _mean([p[f"nonprivate_cos_{key}"] for p in per])
+            lines.append(f"| {s['batch']} | {s['epsilon']:g} | {kind} | {_f(100 * m('gate_rate'), '.1f')} % | "
+                         f"{_f(100 * m('improved'), '.0f')} % | {_f(m('gain'), '+.3f')} | {_f(m('noisy'))} | "
+                         f"{_f(m('rank'), '.1f')} | {_f(m('shrinkage'))} |")
+    return "\n".join(lines)
+
+
 def first_reach(curve: list[float], target: float) -> int | None:
     return next((i + 1 for i, a in enumerate(curve) if a >= target), None)
 
@@ -281,14 +406,22 @@ def steps_one_markdown(res: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=("cosine", "steps", "text", "report"))
+    parser.add_argument("part", choices=("cosine", "steps", "text", "window", "textsteps", "report"))
     parser.add_argument("--quick", action="store_true", help="a smoke run; results are not saved")
+    parser.add_argument("--extend", action="store_true",
+                        help="steps: run the η beyond the grid's edges (8 at B = 1024, 0.25 at B = 256) and merge them")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = load()
     if args.part != "report":
-        res = {"cosine": cosine, "text": text, "steps": steps_to_target}[args.part](args.quick)
-        print(steps_markdown(res) if args.part == "steps" else cosine_markdown(res))
+        if args.part == "steps" and args.extend:
+            res = steps_to_target(args.quick, {"mlp/B=1024/eps=8": (8.0,), "cnn/B=1024/eps=8": (8.0,),
+                                               "mlp/B=256/eps=1": (0.25,)})
+        else:
+            res = {"cosine": cosine, "text": text, "steps": steps_to_target, "window": window,
+                   "textsteps": text_steps}[args.part](args.quick)
+        print({"steps": steps_markdown, "window": window_markdown,
+               "textsteps": text_steps_markdown}.get(args.part, cosine_markdown)(res))
         if not args.quick:
             save(args.part, res)
     else:
@@ -296,6 +429,11 @@ def main() -> None:
             print(cosine_markdown(results["cosine"]), "\n")
         if "text" in results:
             print(cosine_markdown(results["text"]), "\n")
+            print(text_markdown(results["text"]), "\n")
+        if "textsteps" in results:
+            print(text_steps_markdown(results["textsteps"]), "\n")
+        if "window" in results:
+            print(window_markdown(results["window"]), "\n")
         if "steps" in results:
             print(steps_markdown(results["steps"]))
 
