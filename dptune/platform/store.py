@@ -26,7 +26,7 @@ import math
 import os
 import time
 import uuid
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 import duckdb
 import pandas as pd
@@ -37,14 +37,16 @@ import pyarrow.parquet as pq
 from .layout import filesystem
 
 TABLES = ("trials", "epochs", "gradnorms")
+T = TypeVar("T")
 LOOSE, PART = "trial-", "part-"
 #: The statements a query may be: reading, never writing, attaching, loading or configuring.
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 #: Each configuration's rows from its newest file (ties: the last file name), over rows with a
 #: ``filename``. A configuration is its ``config_id`` (rows without one: their trial id), so a trial
-#: Ray Tune restarted under a new id, or ran twice, replaces the rows of the earlier one.
-NEWEST_FILE = ("QUALIFY dense_rank() OVER (PARTITION BY coalesce(config_id, trial_id) "
-               "ORDER BY written_at DESC, filename DESC) = 1")
+#: Ray Tune restarted under a new id, or ran twice, replaces the rows of the earlier one. A store
+#: written before config ids existed (no file has the column) is read by trial id.
+NEWEST_FILE = "QUALIFY dense_rank() OVER (PARTITION BY {key} ORDER BY written_at DESC, filename DESC) = 1"
+KEYS = ("coalesce(config_id, trial_id)", "trial_id")
 
 
 #: The most ``part-*`` files a table keeps: a compaction of the per-trial files that finds this many
@@ -155,7 +157,7 @@ class ResultsStore:
             stamps = {f.path: (f.mtime_ns, f.size) for f in files}
             with duckdb.connect() as con:
                 con.register("data", _read_with_filename(self.fs, [f.path for f in files]))
-                newest = con.sql(f"SELECT * EXCLUDE (filename) FROM data {NEWEST_FILE}").to_arrow_table()
+                newest = _newest(con, "data", lambda sql: con.sql(sql).to_arrow_table())
             self._write_atomic(f"{self.path}/{table}/{PART}{uuid.uuid4().hex}.parquet", newest)
             for f in self.fs.get_file_info([f.path for f in files]):
                 if (f.mtime_ns, f.size) == stamps[f.path]:  # rewritten meanwhile: keep the newer file
@@ -197,7 +199,7 @@ class ResultsStore:
             # each configuration's rows from its newest file: a rewritten or restarted trial's file over
             # an older one, one of two parts holding the same trial (a compaction killed before it
             # deleted what it merged)
-            con.execute(f"CREATE VIEW {table} AS SELECT * EXCLUDE (filename) FROM {source} {NEWEST_FILE}")
+            _newest(con, source, lambda sql, table=table: con.execute(f"CREATE VIEW {table} AS {sql}"))
         return con
 
     def _reachable(self, path: str) -> str:
@@ -225,6 +227,17 @@ class ResultsStore:
         if name not in TABLES:
             raise ValueError(f"table must be one of {', '.join(TABLES)}; got {name!r}")
         return self.query(f"SELECT * FROM {name}")
+
+
+def _newest(con: duckdb.DuckDBPyConnection, source: str, run: Callable[[str], T]) -> T:
+    """``run`` the SELECT of each configuration's newest rows of ``source``; by trial id when no
+    file has a ``config_id`` column (the binder says so: no extra pass over the files)."""
+    by_configuration, by_trial = (f"SELECT * EXCLUDE (filename) FROM {source} {NEWEST_FILE.format(key=key)}"
+                                  for key in KEYS)
+    try:
+        return run(by_configuration)
+    except duckdb.BinderException:
+        return run(by_trial)
 
 
 def check_read_only(sql: str) -> None:

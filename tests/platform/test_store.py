@@ -2,6 +2,7 @@
 import os
 import threading
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -105,6 +106,21 @@ def test_a_configuration_restarted_under_a_new_trial_id_has_one_row(tmp_path):
     trials = store.table("trials").set_index("trial_id")
     assert sorted(trials.index) == ["equiv-1", "ray-2", "ray-3"] and trials.loc["ray-3", "accuracy"] == 0.8
     assert list(store.table("epochs").trial_id) == ["ray-3"]
+
+
+def test_a_store_written_before_config_ids_is_read_by_trial_id(tmp_path):
+    for table, rows in (("trials", [{"trial_id": "a", "accuracy": 0.1, "written_at": 1.0},
+                                    {"trial_id": "b", "accuracy": 0.2, "written_at": 1.0}]),
+                        ("epochs", [{"trial_id": "a", "epoch": 1, "written_at": 1.0}])):
+        (tmp_path / "store" / table).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "store" / table / "part-old.parquet")
+    (tmp_path / "store" / "gradnorms").mkdir()
+    pq.write_table(pa.Table.from_pylist([{"trial_id": "a", "accuracy": 0.5, "written_at": 2.0}]),
+                   tmp_path / "store" / "trials" / "trial-a.parquet")   # a's newer version, no config id either
+    store = ResultsStore(str(tmp_path / "store"))
+    trials = store.table("trials").set_index("trial_id")
+    assert sorted(trials.index) == ["a", "b"] and trials.loc["a", "accuracy"] == 0.5
+    assert store.compact()["trials"] == 2 and len(store.table("epochs")) == 1
 
 
 def test_many_trials_finishing_at_once_lose_nothing(tmp_path):
