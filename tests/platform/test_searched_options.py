@@ -1,0 +1,48 @@
+"""Issue 18: the sweep's searcher over sub-cells of searched trial options (``trial: {denoise: [null, rmt]}``)."""
+import itertools
+
+from ray.tune.search import Searcher
+
+from dptune.platform.searcher import SweepSearcher
+from dptune.platform.trial_config import unflatten
+from dptune.search_spaces import Catalog, load_spec, plan_sweep
+
+CATALOG = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: 200,
+                  options={"clip_fn": ("flat", "auto_s"), "norm_estimator": ("exact",), "denoise": (None, "rmt")},
+                  train_fields=("clip_fn", "norm_estimator", "sketch_k", "denoise"))
+
+
+def plan(trial: dict):
+    spec = {"axes": {"epsilon": [1, 4], "backbone": "mlp", "dataset": "toy", "epochs": 2},
+            "clip_bound": [0.1, 1, 10], "batch_size": [10, 20],
+            "learning_rate": {"reference": 1.0, "reference_batch_size": 20, "multipliers": [1]},
+            "pruning": {"min_steps": 5, "plateau_tol": 10.0}, "trial": trial}
+    return plan_sweep(load_spec(spec, CATALOG), CATALOG, workers=1)
+
+
+def test_the_grid_searcher_hands_out_every_sub_cell_trial_with_its_options():
+    p = plan({"denoise": [None, "rmt"], "clip_fn": ["flat", "auto_s"]})
+    searcher = SweepSearcher(p, clip_equivalence=False)
+    handed = []
+    while (config := searcher.suggest(f"t{len(handed)}")) != Searcher.FINISHED:
+        trial = unflatten(config)
+        handed.append(trial)
+        searcher.on_trial_complete(f"t{len(handed) - 1}", {"accuracy": 0.5})
+    assert handed == p.trials()
+    # brute force: every (ε, denoise, clip_fn) once; auto_s runs one C, flat the three
+    combos = {(t["train"]["epsilon"], t["train"].get("denoise"), t["train"]["clip_fn"]) for t in handed}
+    assert combos == set(itertools.product([1.0, 4.0], [None, "rmt"], ["flat", "auto_s"]))
+    for eps, denoise, clip_fn in combos:
+        cs = {t["train"]["clip_bound"] for t in handed
+              if (t["train"]["epsilon"], t["train"].get("denoise"), t["train"]["clip_fn"]) == (eps, denoise, clip_fn)}
+        assert len(cs) == (1 if clip_fn == "auto_s" else 3)
+
+
+def test_clip_equivalence_and_warm_start_neighbours_stay_within_a_sub_cell():
+    p = plan({"denoise": [None, "rmt"], "clip_fn": ["flat", "auto_s"]})
+    searcher = SweepSearcher(p)
+    cells = [c.cell for c in p.cells]
+    for i, c in enumerate(cells):
+        expected = [j for j, o in enumerate(cells) if j != i and o.options == c.options]   # the other ε, same options
+        assert searcher.neighbours(i) == expected
+        assert searcher.chained(i) == (dict(c.options)["clip_fn"] == "flat")
