@@ -69,7 +69,7 @@ class WorkerSpec:
 def run_on_workers(config: dict, spec: WorkerSpec) -> None:
     """The Tune side of a multi-worker trial: start its Train run, relay every epoch's report
     (metrics and state) to Tune, and raise what the run raised."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty, Queue
 
@@ -85,7 +85,8 @@ def run_on_workers(config: dict, spec: WorkerSpec) -> None:
         scaling_config=ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpu > 0, resources_per_worker=per_worker),
         run_config=RunConfig(name=f"trial-{tune.get_context().get_trial_id()}", storage_path=spec.storage,
                              failure_config=FailureConfig(max_failures=spec.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2), callbacks=[_Relay(reports)]))
+                             checkpoint_config=CheckpointConfig(num_to_keep=2), callbacks=[_Relay(reports)],
+                             logging_config=LoggingConfig(log_level="WARNING")))  # no line per report
     outcome: dict = {}
 
     def fit() -> None:
@@ -137,7 +138,7 @@ def _worker_loop(loop_config: dict) -> None:
     from ..trainables.distributed import ProcessGroupWorkers
     from ..trainables.training import Trainer
 
-    logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per report and checkpoint
+    _quiet_reports()
     spec = unflatten(loop_config["config"])
     cfg = TrainConfig.from_dict(spec["train"])
     if cfg.device in ("auto", "cuda") and torch.cuda.is_available():
@@ -176,3 +177,14 @@ class _Relay(ray.train.UserCallback):
         controller = ray.get_runtime_context().current_actor  # so that a stopped trial can abort its run
         self.reports.put((dict(metrics[0]), checkpoint, controller))
 
+
+def _quiet_reports() -> None:
+    """No INFO line per report and checkpoint from this Train worker (Ray 2.60 logs them under a
+    logger named by its module's file path)."""
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    try:
+        from ray.train.v2._internal.execution import context
+
+        logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    except ImportError:  # another Ray release: its lines stay
+        pass
