@@ -250,8 +250,9 @@ def text_accuracy(model: nn.Module, data: dict) -> float:
 
 
 def text_run(data: dict, denoise: str | None, *, batch: int, epochs: float, lr: float, clip: float, seed: int,
-             epsilon: float) -> dict:
-    """One DP-AdamW run (LoRA + head) with test accuracy after every step."""
+             epsilon: float, **engine_options: object) -> dict:
+    """One DP-AdamW run (LoRA + head) with test accuracy after every step; ``engine_options`` go to
+    DPEngine (e.g. the RMT ablations ``denoise_scope``, ``denoise_norm_correction``)."""
     n = len(data["train"])
     q, steps = batch / n, math.ceil(epochs * n / batch)
     sigma = calibrate_noise(epsilon, DELTA, q, steps)
@@ -266,7 +267,7 @@ def text_run(data: dict, denoise: str | None, *, batch: int, epochs: float, lr: 
     model = TopLayerClassifier(layer, data["hidden"].shape[-1], len(data["classes"])).train()
     engine = DPEngine(model, nn.CrossEntropyLoss(reduction="none"), clip_bound=clip, noise_multiplier=sigma,
                       expected_batch_size=batch, max_physical_batch_size=128, denoise=denoise,
-                      generator=torch.Generator().manual_seed(seed + 1))
+                      generator=torch.Generator().manual_seed(seed + 1), **engine_options)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     sampler = PoissonSampler(n, q, seed=seed)
     curve, gate, start = [], [], time.perf_counter()

@@ -213,17 +213,30 @@ def window_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def text_steps(quick: bool) -> dict:
-    """Where the text diagnostic improved (ε = 8, B = 256): plain vs rmt with bench_denoise.py's
-    text_run (DP-AdamW lr 5e-3, not tuned; C = 1; E = 2, T = 14; test accuracy after every step)."""
+#: textsteps variants: name -> (denoise, DPEngine options)
+TEXT_VARIANTS = {"plain": (None, {}), "rmt": ("rmt", {}),
+                 "rmt, LoRA factors only": ("rmt", {"denoise_scope": "lora"}),
+                 "rmt, no norm correction": ("rmt", {"denoise_norm_correction": False})}
+
+
+def text_steps(quick: bool, extend: bool = False) -> dict:
+    """Where the text diagnostic improved (ε = 8, B = 256): plain vs rmt (and, with ``extend``, the
+    LoRA-factors-only and no-norm-correction ablations, merged into the stored runs) with
+    bench_denoise.py's text_run (DP-AdamW lr 5e-3, not tuned; C = 1; E = 2, T = 14; test accuracy
+    after every step)."""
     from bench_denoise import text_run, text_setup
 
     data = text_setup(32, 16, seed=0)
     seeds = (0,) if quick else SEEDS
-    runs = {d or "plain": [text_run(data, d, batch=256, epochs=1.0 if quick else 2.0, lr=5e-3, clip=1.0, seed=s,
-                                    epsilon=8.0) for s in seeds] for d in (None, "rmt")}
+    names = list(TEXT_VARIANTS)[2:] if extend else list(TEXT_VARIANTS)[:2]
+    runs = {name: [text_run(data, TEXT_VARIANTS[name][0], batch=256, epochs=1.0 if quick else 2.0, lr=5e-3,
+                            clip=1.0, seed=s, epsilon=8.0, **TEXT_VARIANTS[name][1]) for s in seeds] for name in names}
     for name, rs in runs.items():
         print(f"textsteps {name}: {[[round(a, 3) for a in r['curve']] for r in rs]}", flush=True)
+    if extend:
+        stored = load()["textsteps"]
+        stored["runs"].update(runs)
+        return stored
     return {"batch": 256, "epsilon": 8.0, "seeds": list(seeds), "runs": runs}
 
 
@@ -409,12 +422,15 @@ def main() -> None:
     parser.add_argument("part", choices=("cosine", "steps", "text", "window", "textsteps", "report"))
     parser.add_argument("--quick", action="store_true", help="a smoke run; results are not saved")
     parser.add_argument("--extend", action="store_true",
-                        help="steps: run the η beyond the grid's edges (8 at B = 1024, 0.25 at B = 256) and merge them")
+                        help="steps: run the η beyond the grid's edges (8 at B = 1024, 0.25 at B = 256); textsteps: the "
+                             "LoRA-only and no-norm-correction ablations; merged into the stored results")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = load()
     if args.part != "report":
-        if args.part == "steps" and args.extend:
+        if args.part == "textsteps" and args.extend:
+            res = text_steps(args.quick, extend=True)
+        elif args.part == "steps" and args.extend:
             res = steps_to_target(args.quick, {"mlp/B=1024/eps=8": (8.0,), "cnn/B=1024/eps=8": (8.0,),
                                                "mlp/B=256/eps=1": (0.25,)})
         else:
