@@ -111,3 +111,14 @@ def test_bad_values_are_refused_in_one_line(toy_spec, trial, message):
     with pytest.raises(SpecError, match=message) as info:
         load_spec(toy_spec(trial=trial), trainables_catalog())
     assert "\n" not in str(info.value)
+
+
+def test_private_selection_refuses_a_searched_norm_estimator(toy_spec, cat):
+    """Private selection accounts exact clipping only: a searched estimator is refused in one line."""
+    spec = toy_spec(trial={"norm_estimator": ["exact", "hutchinson"], "sketch_k": 8}, seeds=[0],
+                    search={"algorithm": "random"}, selection={"mode": "private"})
+    with pytest.raises(SpecError, match=r"trial\.norm_estimator: selection\.mode private accounts exact clipping "
+                                        r"only; give one value") as info:
+        load_spec(spec, cat)
+    assert "\n" not in str(info.value)
+    load_spec({**spec, "trial": {"denoise": [None, "rmt"]}}, cat)   # other searched options are fine
