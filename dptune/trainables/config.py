@@ -52,7 +52,8 @@ class TrainConfig:
                                 choices=DENOISE_SCOPE_NAMES)
     diagnostics: list = field(default_factory=list, metadata={
         "help": "non-private diagnostics (denoise_cosine: per step and 2-D layer, cosine of ĝ and of its "
-                "denoised version to the clipped mean before noise; NOT private)", "choices": DIAGNOSTIC_NAMES})
+                "denoised version to the clipped mean before noise; NOT private; nothing to measure without "
+                "noise, so a non-private run (ε = inf) ignores it)", "choices": DIAGNOSTIC_NAMES})
     max_physical_batch_size: int | None = option(None, "split logical batches into micro-batches of this size "
                                                        "(memory only; same result)")
     seed: int = option(0, "seed of the data split, the model, the batches and the noise")
@@ -111,7 +112,6 @@ class TrainConfig:
         need(isinstance(self.denoise_norm_correction, bool), "denoise_norm_correction", "true or false")
         need(isinstance(self.diagnostics, (list, tuple)) and all(d in DIAGNOSTIC_NAMES for d in self.diagnostics),
              "diagnostics", f"a list of names from: {', '.join(DIAGNOSTIC_NAMES)}")
-        need(not self.diagnostics or self.private, "diagnostics", "empty for a non-private run (ε = inf)")
         need(self.max_physical_batch_size is None or self.max_physical_batch_size >= 1,
              "max_physical_batch_size", "None or >= 1")
         need(self.noise_multiplier is None or self.noise_multiplier >= 0, "noise_multiplier", "None or >= 0")
