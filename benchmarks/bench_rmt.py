@@ -6,6 +6,7 @@ target accuracy, plain DP vs ``denoise="rmt"`` vs its ablations, on real gradien
     python benchmarks/bench_rmt.py text     # BBC News, pretrained MiniLM + LoRA (top layer; frozen prefix cached)
     python benchmarks/bench_rmt.py window   # per step vs summed over K steps: cos(Σĝ, Σḡ) vs cos(Σrmt(ĝ), Σḡ)
     python benchmarks/bench_rmt.py textsteps  # MiniLM + LoRA, ε = 8, B = 256: plain vs rmt, accuracy after every step
+    python benchmarks/bench_rmt.py textlr     # the same at AdamW lr 2.5e-3 and 1e-2 (lr tuned per variant)
     python benchmarks/bench_rmt.py report   # print the markdown of what benchmarks/results/rmt.json holds
     python benchmarks/bench_rmt.py cosine --quick   # a smoke run (1 seed, 1 setting, 2 epochs)
 
@@ -240,6 +241,37 @@ def text_steps(quick: bool, extend: bool = False) -> dict:
     return {"batch": 256, "epsilon": 8.0, "seeds": list(seeds), "runs": runs}
 
 
+def text_lr(quick: bool, extend: bool = False) -> dict:
+    """MiniLM + LoRA, ε = 8, B = 256: plain and rmt at two more AdamW learning rates (2.5e-3, 1e-2),
+    so that with textsteps' 5e-3 each has a tuned lr; ``extend``: 2e-2 too, merged into the stored ones."""
+    from bench_denoise import text_run, text_setup
+
+    data = text_setup(32, 16, seed=0)
+    seeds = (0,) if quick else SEEDS
+    out = load().get("textlr", {}) if extend else {}
+    for lr in (2e-2,) if extend else (2.5e-3, 1e-2):
+        out[str(lr)] = {name: [text_run(data, TEXT_VARIANTS[name][0], batch=256, epochs=1.0 if quick else 2.0, lr=lr,
+                                        clip=1.0, seed=s, epsilon=8.0) for s in seeds] for name in ("plain", "rmt")}
+        print(f"textlr {lr}: { {k: [round(r['curve'][-1], 3) for r in v] for k, v in out[str(lr)].items()} }",
+              flush=True)
+    return out
+
+
+def text_lr_markdown(res: dict, base: dict | None) -> str:
+    """Final accuracy per lr, and steps to 90 % of tuned plain's final accuracy at each variant's best lr."""
+    by_lr = {**({"0.005": {k: base["runs"][k] for k in ("plain", "rmt")}} if base else {}), **res}
+    lrs = sorted(by_lr, key=float)
+    best = {name: max(lrs, key=lambda lr: _mean([r["curve"][-1] for r in by_lr[lr][name]])) for name in ("plain", "rmt")}
+    target = 0.9 * _mean([r["curve"][-1] for r in by_lr[best["plain"]]["plain"]])
+    lines = ["| variant | " + " | ".join(f"lr {float(lr):g}" for lr in lrs) + " | lr (tuned) | steps to target, per seed |",
+             "|---|" + "---:|" * len(lrs) + "---:|---|"]
+    for name in ("plain", "rmt"):
+        reach = [first_reach(r["curve"], target) for r in by_lr[best[name]][name]]
+        lines.append(f"| {name} | " + " | ".join(f"{_mean([r['curve'][-1] for r in by_lr[lr][name]]):.3f}" for lr in lrs)
+                     + f" | {float(best[name]):g} | {', '.join('—' if x is None else str(x) for x in reach)} |")
+    return f"Target: 90 % of the tuned plain run's mean final accuracy = {target:.3f}.\n\n" + "\n".join(lines)
+
+
 def text_steps_markdown(res: dict) -> str:
     plain_final = _mean([r["curve"][-1] for r in res["runs"]["plain"]])
     target = 0.9 * plain_final
@@ -419,25 +451,30 @@ def steps_one_markdown(res: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=("cosine", "steps", "text", "window", "textsteps", "report"))
+    parser.add_argument("part", choices=("cosine", "steps", "text", "window", "textsteps", "textlr", "report"))
     parser.add_argument("--quick", action="store_true", help="a smoke run; results are not saved")
     parser.add_argument("--extend", action="store_true",
                         help="steps: run the η beyond the grid's edges (8 at B = 1024, 0.25 at B = 256); textsteps: the "
-                             "LoRA-only and no-norm-correction ablations; merged into the stored results")
+                             "LoRA-only and no-norm-correction ablations; textlr: lr 2e-2; merged into the stored results")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = load()
     if args.part != "report":
-        if args.part == "textsteps" and args.extend:
+        if args.part == "textlr" and args.extend:
+            res = text_lr(args.quick, extend=True)
+        elif args.part == "textsteps" and args.extend:
             res = text_steps(args.quick, extend=True)
         elif args.part == "steps" and args.extend:
             res = steps_to_target(args.quick, {"mlp/B=1024/eps=8": (8.0,), "cnn/B=1024/eps=8": (8.0,),
                                                "mlp/B=256/eps=1": (0.25,)})
         else:
             res = {"cosine": cosine, "text": text, "steps": steps_to_target, "window": window,
-                   "textsteps": text_steps}[args.part](args.quick)
-        print({"steps": steps_markdown, "window": window_markdown,
-               "textsteps": text_steps_markdown}.get(args.part, cosine_markdown)(res))
+                   "textsteps": text_steps, "textlr": text_lr}[args.part](args.quick)
+        if args.part == "textlr":
+            print(text_lr_markdown(res, None if args.quick else results.get("textsteps")))
+        else:
+            print({"steps": steps_markdown, "window": window_markdown,
+                   "textsteps": text_steps_markdown}.get(args.part, cosine_markdown)(res))
         if not args.quick:
             save(args.part, res)
     else:
@@ -448,6 +485,8 @@ def main() -> None:
             print(text_markdown(results["text"]), "\n")
         if "textsteps" in results:
             print(text_steps_markdown(results["textsteps"]), "\n")
+        if "textlr" in results:
+            print(text_lr_markdown(results["textlr"], results.get("textsteps")), "\n")
         if "window" in results:
             print(window_markdown(results["window"]), "\n")
         if "steps" in results:
