@@ -76,7 +76,7 @@ def test_readme_job_submission_on_a_local_head(s3, tmp_path):
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
     os.environ.update({k: env[k] for k in saved})  # the client's token
     try:
-        private_ray_token()  # the token file, 0600, made before Ray could write a world-readable one
+        token = private_ray_token().read_text().strip()  # the token file, 0600, made before Ray could write one
         _token_mode()  # this process (the job client) reads Ray's settings again: token mode, this token
         start = subprocess.run(
             [str(Path(sys.executable).parent / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1",
@@ -86,7 +86,9 @@ def test_readme_job_submission_on_a_local_head(s3, tmp_path):
             env=env, capture_output=True, text=True, timeout=90)
         assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-2000:]
 
-        client = JobSubmissionClient(f"http://127.0.0.1:{dashboard}")
+        # the token by hand: Ray's token loader is a per-process singleton, so a Ray test earlier in
+        # this pytest process would have left it holding another cluster's token
+        client = JobSubmissionClient(f"http://127.0.0.1:{dashboard}", headers={"Authorization": f"Bearer {token}"})
         deadline = time.time() + 30
         while True:  # the head's job agent registers a few seconds after `ray start` returns
             try:
