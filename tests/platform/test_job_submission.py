@@ -57,6 +57,11 @@ def stop_head(temp_dir: str) -> None:
             pass
 
 
+#: What an in-process ``ray.init`` (an earlier test) leaves in os.environ for the driver it was;
+#: a `ray start` head must not inherit it.
+IN_PROCESS_RAY = ("RAY_CLIENT_MODE", "PYTHONBREAKPOINT", "RAY_USAGE_STATS_ENABLED", "RAY_ADDRESS")
+
+
 def test_readme_job_submission_on_a_local_head(s3, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -71,7 +76,7 @@ def test_readme_job_submission_on_a_local_head(s3, tmp_path):
 
     temp_dir = tempfile.mkdtemp(prefix="rj")  # short: Ray's socket paths must fit 107 characters
     gcs, dashboard, client_port = free_ports(3)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token" / "auth_token"),
+    env = {**{k: v for k, v in os.environ.items() if k not in IN_PROCESS_RAY}, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token" / "auth_token"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
     os.environ.update({k: env[k] for k in saved})  # the client's token
