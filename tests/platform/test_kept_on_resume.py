@@ -11,8 +11,6 @@ the others, and leave one row per configuration.
 import sys
 
 import pytest
-import ray
-from ray import cloudpickle
 
 import rigged  # tests/platform/rigged.py
 from dptune.platform.launcher import RunSettings
@@ -24,16 +22,7 @@ N, EPOCHS = 200, 2
 CLIPS = (0.1, 0.4, 1.6, 6.4)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    cloudpickle.register_pickle_by_value(rigged)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
-    yield
-    ray.shutdown()
-    cloudpickle.unregister_pickle_by_value(rigged)
-
-
-def test_resume_keeps_what_the_store_holds_as_ended(local_ray, tmp_path, monkeypatch):
+def test_resume_keeps_what_the_store_holds_as_ended(rigged_ray, tmp_path, monkeypatch):
     catalog = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: N)
     spec = {"axes": {"epsilon": [1], "backbone": "mlp", "dataset": "toy", "epochs": EPOCHS},
             "clip_bound": list(CLIPS), "batch_size": [20], "learning_rate": {"reference": 1.0, "reference_batch_size": 20},

@@ -11,8 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-import ray
-from ray import cloudpickle
 
 from dptune.platform.launcher import RunSettings
 from dptune.platform.store import ResultsStore
@@ -34,15 +32,6 @@ RF = 3
 @pytest.fixture
 def catalog() -> Catalog:
     return Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: N)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    cloudpickle.register_pickle_by_value(rigged)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
-    yield
-    ray.shutdown()
-    cloudpickle.unregister_pickle_by_value(rigged)
 
 
 def spec_of(scheduler) -> dict:
@@ -106,7 +95,7 @@ def run(tmp_path, catalog, scheduler, name="asha"):
     return plan, settings, ResultsStore(settings.paths.store).table("trials")
 
 
-def test_asha_stops_exactly_the_trials_it_should_within_each_cell(local_ray, tmp_path, catalog):
+def test_asha_stops_exactly_the_trials_it_should_within_each_cell(rigged_ray, tmp_path, catalog):
     plan, settings, rows = run(tmp_path, catalog, {"name": "asha", "grace_epochs": 1, "reduction_factor": RF})
     assert len(rows) == 2 * len(rigged.ACCURACY) and rows.trial_id.is_unique
     stopped = rows[rows.status == "stopped"]
@@ -133,7 +122,7 @@ def test_asha_stops_exactly_the_trials_it_should_within_each_cell(local_ray, tmp
     assert (again.loc[before.index, "written_at"] == before.written_at).all()
 
 
-def test_asha_compares_trials_of_the_same_batch_size_only(local_ray, tmp_path, catalog):
+def test_asha_compares_trials_of_the_same_batch_size_only(rigged_ray, tmp_path, catalog):
     # two B with the same accuracy curves: compared within each B, each B's group stops exactly the
     # single-B set; compared across the cell, the second B's trials would meet the first B's rungs
     spec = {**spec_of({"name": "asha", "grace_epochs": 1, "reduction_factor": RF}),
@@ -149,7 +138,7 @@ def test_asha_compares_trials_of_the_same_batch_size_only(local_ray, tmp_path, c
     assert stopped == {(c, b) for b in (20, 40) for e, c in expected_stopped() if e == 1.0}
 
 
-def test_without_a_scheduler_every_trial_finishes(local_ray, tmp_path, catalog):
+def test_without_a_scheduler_every_trial_finishes(rigged_ray, tmp_path, catalog):
     _, _, rows = run(tmp_path, catalog, "none", name="plain")
     assert len(rows) == 2 * len(rigged.ACCURACY) and (rows.status == "finished").all()
     assert (rows.epoch == EPOCHS).all()
@@ -172,7 +161,7 @@ run_sweep(plan, RunSettings(experiment="killed", storage={storage!r}, max_failur
 """
 
 
-def test_resume_after_a_driver_kill_keeps_the_scheduler_state(local_ray, tmp_path, catalog):
+def test_resume_after_a_driver_kill_keeps_the_scheduler_state(rigged_ray, tmp_path, catalog):
     """Kill the sweep's driver mid-sweep, resume: the stopped set is exactly the uninterrupted one
     (the rungs recorded before the kill still count), every row is there once, and every stopped
     trial's ε is the accountant's for the epochs it took."""
