@@ -54,7 +54,10 @@ class StoreCallback(tune.Callback):
         last = dict(trial.last_result or {})
         if last.get(KEPT):  # reported again from the store on resume: its rows are already there
             return
-        state = checkpoint_state(trial.checkpoint)
+        try:
+            state = checkpoint_state(trial.checkpoint)
+        except OSError:  # its checkpoint was lost (e.g. an upload cut by a storage outage): the row, without its curve
+            state = None
         history = state["history"] if state else []
         last["history"] = history
         row = trial_row(trial.trial_id, resolved(unflatten(trial.config)), last, status=status, error=error,
