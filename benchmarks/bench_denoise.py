@@ -249,6 +249,16 @@ def text_accuracy(model: nn.Module, data: dict) -> float:
     return correct / len(idx)
 
 
+def reset_lora(layer: nn.Module, seed: int) -> None:
+    """Fresh LoRA factors for a run (B = 0, A random with ``seed``), as peft initialises them."""
+    for name, p in layer.named_parameters():
+        if "lora_A" in name:
+            torch.manual_seed(seed)
+            nn.init.kaiming_uniform_(p, a=math.sqrt(5))
+        elif "lora_B" in name:
+            nn.init.zeros_(p)
+
+
 def text_run(data: dict, denoise: str | None, *, batch: int, epochs: float, lr: float, clip: float, seed: int,
              epsilon: float, **engine_options: object) -> dict:
     """One DP-AdamW run (LoRA + head) with test accuracy after every step; ``engine_options`` go to
@@ -257,12 +267,7 @@ def text_run(data: dict, denoise: str | None, *, batch: int, epochs: float, lr: 
     q, steps = batch / n, math.ceil(epochs * n / batch)
     sigma = calibrate_noise(epsilon, DELTA, q, steps)
     layer = data["layer"]
-    for name, p in layer.named_parameters():  # fresh LoRA factors for every run (B = 0, A random)
-        if "lora_A" in name:
-            torch.manual_seed(seed)
-            nn.init.kaiming_uniform_(p, a=math.sqrt(5))
-        elif "lora_B" in name:
-            nn.init.zeros_(p)
+    reset_lora(layer, seed)
     torch.manual_seed(seed)
     model = TopLayerClassifier(layer, data["hidden"].shape[-1], len(data["classes"])).train()
     engine = DPEngine(model, nn.CrossEntropyLoss(reduction="none"), clip_bound=clip, noise_multiplier=sigma,

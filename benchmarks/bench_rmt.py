@@ -291,7 +291,7 @@ def text(quick: bool) -> dict:
     """The diagnostic on BBC News with pretrained all-MiniLM-L6-v2 + LoRA (r = 16, query/value of the
     last layer; layers 0-4 run once and cached: bench_denoise.py's frozen-prefix trick), DP-AdamW
     lr 5e-3, C = 1, plain steps (the denoising is counterfactual), no evaluation during training."""
-    from bench_denoise import TopLayerClassifier, text_setup  # benchmarks/ is on sys.path as the script's folder
+    from bench_denoise import TopLayerClassifier, reset_lora, text_setup  # benchmarks/ is on sys.path as the script's folder
     from torch import nn
 
     from dptune.privacy import calibrate_noise
@@ -311,12 +311,7 @@ def text(quick: bool) -> dict:
         for seed in seeds:
             t = time.perf_counter()
             layer = data["layer"]
-            for name, p in layer.named_parameters():  # fresh LoRA factors (B = 0, A random) per run
-                if "lora_A" in name:
-                    torch.manual_seed(seed)
-                    nn.init.kaiming_uniform_(p, a=math.sqrt(5))
-                elif "lora_B" in name:
-                    nn.init.zeros_(p)
+            reset_lora(layer, seed)  # fresh LoRA factors per run
             torch.manual_seed(seed)
             model = TopLayerClassifier(layer, data["hidden"].shape[-1], len(data["classes"])).train()
             engine = DPEngine(model, nn.CrossEntropyLoss(reduction="none"), clip_bound=1.0, noise_multiplier=sigma,
