@@ -9,7 +9,7 @@ from ..trainables.config import TrainConfig
 from .kept import KEPT, config_id
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
-from .store import ResultsStore
+from .store import ResultsStore, retrying
 from .trial_config import unflatten
 from .tune_adapter import checkpoint_state
 
@@ -54,10 +54,12 @@ class StoreCallback(tune.Callback):
         last = dict(trial.last_result or {})
         if last.get(KEPT):  # reported again from the store on resume: its rows are already there
             return
-        try:
-            state = checkpoint_state(trial.checkpoint)
-        except OSError:  # its checkpoint was lost (e.g. an upload cut by a storage outage): the row, without its curve
+        try:  # storage that is restarting or unreachable is waited for, as the store's writes wait
+            state = retrying(lambda: checkpoint_state(trial.checkpoint), self.store.write_retry_s)
+        except OSError as exc:  # its checkpoint is lost for good: the row, without its curve, says so
             state = None
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            error = error or f"its per-epoch curve was not recorded: the trial's checkpoint could not be read ({reason})"
         history = state["history"] if state else []
         last["history"] = history
         row = trial_row(trial.trial_id, resolved(unflatten(trial.config)), last, status=status, error=error,

@@ -34,11 +34,13 @@ def config_id(config: dict) -> str:
 
 
 def kept_results(store: ResultsStore) -> dict[str, dict]:
-    """{config id: final result} of every trial the store holds as finished or stopped."""
+    """{config id: final result} of every trial the store holds as finished or stopped, whole (one
+    recorded without its curve, its checkpoint lost, trains again if Ray Tune hands it out)."""
     trials = store.table("trials")
     if "config_id" not in trials.columns or "status" not in trials.columns:  # empty, or written before config ids
         return {}
-    ended = trials[trials.status.isin(["finished", "stopped"]) & trials.config_id.notna()]
+    whole = trials.error.isna() if "error" in trials.columns else True
+    ended = trials[trials.status.isin(["finished", "stopped"]) & trials.config_id.notna() & whole]
     return {row["config_id"]: {k: _scalar(row[k]) for k in RESULT_COLUMNS if k in row and _scalar(row[k]) is not None}
             for _, row in ended.iterrows()}
 

@@ -122,21 +122,18 @@ class ResultsStore:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         data = sink.getvalue()
-        delay, deadline = 0.5, time.monotonic() + self.write_retry_s
-        while True:  # an unreachable store (a restart, a network blip) is retried: same bytes, same key
-            try:
-                with self.fs.open_output_stream(key) as out:
-                    out.write(data)
-                return
-            except OSError as exc:
-                if time.monotonic() + delay > deadline:
-                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    raise StoreWriteError(f"results store {self.root} unreachable for {self.write_retry_s:.0f} s: "
-                                          f"writing {key.rsplit('/', 1)[-1]} failed ({reason}); nothing of it "
-                                          "was published: once the store is back, `dptune resume` the "
-                                          "experiment") from None
-                time.sleep(delay)
-                delay = min(2 * delay, 8.0)
+
+        def upload() -> None:
+            with self.fs.open_output_stream(key) as out:
+                out.write(data)
+
+        try:  # an unreachable store (a restart, a network blip) is retried: same bytes, same key
+            retrying(upload, self.write_retry_s)
+        except OSError as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StoreWriteError(f"results store {self.root} unreachable for {self.write_retry_s:.0f} s: "
+                                  f"writing {key.rsplit('/', 1)[-1]} failed ({reason}); nothing of it "
+                                  "was published: once the store is back, `dptune resume` the experiment") from None
 
     def compact(self, *, loose_only: bool = False) -> dict[str, int]:
         """Merge every table's files into one part (newest version per configuration); returns the
@@ -227,6 +224,21 @@ class ResultsStore:
         if name not in TABLES:
             raise ValueError(f"table must be one of {', '.join(TABLES)}; got {name!r}")
         return self.query(f"SELECT * FROM {name}")
+
+
+def retrying(action: Callable[[], T], seconds: float) -> T:
+    """``action()``, tried again with backoff (0.5 s, doubling up to 8 s) while it raises OSError,
+    for at most ``seconds``; then its last error. What an object store's restart or a network
+    blip needs: the same request, a little later."""
+    delay, deadline = 0.5, time.monotonic() + seconds
+    while True:
+        try:
+            return action()
+        except OSError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 8.0)
 
 
 def _newest(con: duckdb.DuckDBPyConnection, source: str, run: Callable[[str], T]) -> T:

@@ -4,9 +4,9 @@ Ray Tune snapshots its experiment state on a timer, so after a driver kill the s
 store: a finished trial comes back as running or errored, or a configuration is handed out again
 under a new trial id. Here the lag is made by hand: every trial first errors (so Ray's state says
 "errored" for all), then the store is told that two configurations ended — one under the same
-trial id, one under another id (as an earlier run would have written it). A resume that restarts
-errored trials (Ray gives them new ids) must keep those two rows exactly as they were, train only
-the others, and leave one row per configuration.
+trial id, one under another id (as an earlier run would have written it) — and that a third ended
+without its curve. A resume that restarts errored trials (Ray gives them new ids) must keep the two
+whole rows exactly as they were, train the others, and leave one row per configuration.
 """
 import sys
 
@@ -41,6 +41,10 @@ def test_resume_keeps_what_the_store_holds_as_ended(rigged_ray, tmp_path, monkey
                        "accuracy": 0.987, "step": same.steps, "epoch": EPOCHS})
     store.write_trial({**other.to_dict(), "trial_id": "earlier-run", "status": "finished", "error": None,
                        "accuracy": 0.654, "step": other.steps, "epoch": EPOCHS})
+    # … and C=0.1 finished, but its row was written without its curve (its checkpoint lost): it trains again
+    lost = errored.loc[0.1]
+    store.write_trial({**lost.to_dict(), "trial_id": lost.trial_id, "status": "finished", "accuracy": 0.5,
+                       "error": "its per-epoch curve was not recorded: the trial's checkpoint could not be read"})
     ended = store.table("trials").set_index("trial_id")
 
     monkeypatch.setattr(rigged, "FAIL_WITH", None)

@@ -10,9 +10,17 @@ import tempfile
 import threading
 import time
 
+from types import SimpleNamespace
+
 import pyarrow.fs as pafs
 import pytest
+import torch
 import yaml
+from ray import tune
+
+from dptune.platform.callbacks import StoreCallback
+from dptune.platform.layout import ExperimentPaths
+from dptune.platform.tune_adapter import STATE_FILE
 
 from dptune.platform.store import ResultsStore, StoreWriteError
 from s3_server import serving, started
@@ -42,6 +50,30 @@ def test_a_store_write_waits_for_the_server_to_come_back(server):
     fresh = ResultsStore(server.uri("restart", "store"))
     assert fresh.query("SELECT trial_id, accuracy FROM trials ORDER BY trial_id").values.tolist() == [["a", 0.5], ["b", 0.75]]
     assert fresh.query("SELECT count(*) FROM epochs WHERE trial_id = 'b'").iloc[0, 0] == 2
+
+
+def test_a_trial_ending_during_an_outage_keeps_its_curve(server, tmp_path):
+    """A trial ends while the server is down: the store callback waits for its checkpoint as the
+    store's writes wait, and records the whole curve (it was recorded without one: CI, stop 19)."""
+    history = [{"epoch": e, "step": 4 * e, "accuracy": e / 10, "loss": 1.0 / e} for e in (1, 2)]
+    with tempfile.TemporaryDirectory() as local:
+        torch.save({"trainer": {}, "history": history}, os.path.join(local, STATE_FILE))
+        remote = f"{server.bucket}/ckpt/checkpoint_000001"
+        pafs.copy_files(local, remote, destination_filesystem=server.filesystem())
+    trial = SimpleNamespace(trial_id="t1", config={"model": "mlp", "dataset": "digits", "epsilon": 1.0},
+                            last_result={"accuracy": 0.2, "step": 8, "steps": 8},
+                            checkpoint=tune.Checkpoint(remote, filesystem=server.filesystem()))
+    callback = StoreCallback(ExperimentPaths.of(server.uri("runs"), "ended"), compact_every=10**6)
+    callback.store  # the store's folders exist before the outage
+    server.stop()
+    restart = threading.Timer(3.0, server.start)
+    restart.start()
+    callback.on_trial_complete(0, [], trial)
+    restart.join()
+    store = ResultsStore(ExperimentPaths.of(server.uri("runs"), "ended").store)
+    row = store.table("trials").iloc[0]
+    assert row.status == "finished" and row.error is None and row.accuracy == 0.2
+    assert store.query("SELECT epoch, accuracy FROM epochs ORDER BY epoch").values.tolist() == [[1, 0.1], [2, 0.2]]
 
 
 def test_a_store_write_fails_in_one_line_and_publishes_nothing(server):
