@@ -336,7 +336,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                                    "<storage>/<experiment>/store. Without SPEC, runs the embedded default sweep "
                                    "(digits, small CNN, two ε, a pruned (C, B, η) grid) in a few minutes.")
     p.add_argument("spec", metavar="SPEC", nargs="?", help="sweep spec (YAML) [the embedded default]")
-    p.add_argument("--address", help="Ray cluster to join, e.g. auto on a cluster's head node [start local Ray]")
+    p.add_argument("--address", help="Ray cluster to join, e.g. auto on a cluster's head node; the σ the plan "
+                                      "lacks are then calibrated as Ray tasks across it [start local Ray]")
     p.add_argument("--storage", help="override the spec's storage: a path, NFS path or s3://bucket/prefix")
     p.add_argument("--quiet", action="store_true", help="no calibration progress bar")
     p.add_argument("--verbose", action="store_true",
@@ -350,7 +351,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 def run_sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     from .platform.sweep import prepare, run_sweep
 
-    plan, settings = prepare(args.spec, storage=args.storage, progress=not args.quiet, out=out)
+    plan, settings = prepare(args.spec, storage=args.storage, progress=not args.quiet, out=out, address=args.address)
     _refuse_earlier_run(settings.paths, overwrite=args.overwrite, out=out)
     settings.verbose = 2 if args.verbose else 0
     outcome = run_sweep(plan, settings, address=args.address, out=out)

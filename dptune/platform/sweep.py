@@ -20,6 +20,7 @@ from .catalog import trainables_catalog
 from .equivalence import EquivalenceLog, write_equivalent_rows
 from .kept import keeping, kept_results
 from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
+from .ray_tasks import RayTasks
 from .layout import PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
 from .schedulers import build_scheduler
 from .searcher import SweepSearcher
@@ -38,10 +39,15 @@ class SweepOutcome:
 
 
 def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool = True,
-            out: TextIO = sys.stdout) -> tuple[SweepPlan, RunSettings]:
-    """Validate and plan a spec (the embedded default when None) before anything is launched."""
+            out: TextIO = sys.stdout, address: str | None = None) -> tuple[SweepPlan, RunSettings]:
+    """Validate and plan a spec (the embedded default when None) before any trial is launched.
+    With ``address`` (a Ray cluster), the σ the plan lacks are calibrated as Ray tasks across it."""
     spec = load_spec(spec_path or DEFAULT_SPEC, trainables_catalog())
-    plan = plan_sweep(spec, trainables_catalog(), progress=progress)
+    executor = None
+    if address:
+        start_ray(address)
+        executor = RayTasks()
+    plan = plan_sweep(spec, trainables_catalog(), progress=progress, executor=executor)
     resources = spec["resources"]
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
                            cpus_per_trial=resources.cpu, gpus_per_trial=resources.gpu,

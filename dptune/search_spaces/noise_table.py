@@ -6,8 +6,9 @@ file shared by all processes) are read in this process; only the missing ones ar
 a progress bar. They are grouped into **series**: the batch sizes of one (ε, δ, estimator,
 epochs) in increasing order, calibrated one after the other so that each search starts from its
 neighbours' answer (``calibrate_noise_series``: about half the accountant evaluations); the series
-go to a process pool, longest first. Workers write the on-disk cache, so a second plan, and every
-trial, finds them there.
+go to a process pool, longest first (or to the executor the caller passes: a sweep on a Ray cluster
+runs them as Ray tasks across it, :mod:`dptune.platform.ray_tasks`). Workers write the on-disk
+cache, so a second plan, and every trial on that machine, finds them there.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import multiprocessing
 import os
 import sys
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Iterable, NamedTuple, Sequence
 
 from ..privacy.cache import cached
@@ -81,9 +82,10 @@ def default_workers() -> int:
 
 
 def calibrate_many(requests: Iterable[NoiseRequest], *, workers: int | None = None,
-                   progress: bool = False) -> dict[NoiseRequest, float]:
+                   progress: bool = False, executor: Executor | None = None) -> dict[NoiseRequest, float]:
     """σ for every distinct request. Cached values are read here; the others are computed by
-    ``workers`` processes (default: all CPUs; 1 computes in this process).
+    ``workers`` processes (default: all CPUs; 1 computes in this process), or by ``executor``
+    (one series per task; the caller owns it).
 
     Processes are spawned, not forked: the caller may hold threads (Ray, gRPC, torch) that a fork
     would copy in a locked state.
@@ -103,15 +105,17 @@ def calibrate_many(requests: Iterable[NoiseRequest], *, workers: int | None = No
     workers = min(workers or default_workers(), len(series))
     from tqdm.auto import tqdm
 
-    desc = f"calibrating σ ({len(results)} cached, {workers} process{'es' if workers > 1 else ''})"
+    where = ("as tasks" if executor is not None else
+             f"{workers} process{'es' if workers > 1 else ''}")
+    desc = f"calibrating σ ({len(results)} cached, {where})"
     with tqdm(total=len(missing), desc=desc, unit="σ", disable=not progress, file=sys.stderr) as bar:
-        if workers <= 1:
+        if executor is None and workers <= 1:
             for group in series:
                 results.update(zip(group, _calibrate_series(group)))
                 bar.update(len(group))
             return results
-        context = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+        pool = executor or ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        futures = {}
         try:
             futures = {pool.submit(_calibrate_series, group): group for group in series}
             for future in as_completed(futures):
@@ -119,5 +123,9 @@ def calibrate_many(requests: Iterable[NoiseRequest], *, workers: int | None = No
                 results.update(zip(group, future.result()))
                 bar.update(len(group))
         finally:  # on an error or ^C, do not wait for the calibrations still queued
-            pool.shutdown(wait=True, cancel_futures=True)
+            if executor is None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            else:
+                for future in futures:
+                    future.cancel()
     return results

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Iterator, Mapping
@@ -314,10 +315,11 @@ def _cells(space: SearchSpace) -> list[Cell]:
 
 
 def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, progress: bool = False,
-               strict: bool = True) -> SweepPlan:
+               strict: bool = True, executor: Executor | None = None) -> SweepPlan:
     """Calibrate σ for every cell's batch-size candidates and prune them.
 
-    ``workers`` processes calibrate what the accountant's cache lacks (default: all CPUs).
+    ``workers`` processes calibrate what the accountant's cache lacks (default: all CPUs), or
+    ``executor`` does (e.g. Ray tasks across a cluster).
     ``strict`` (for sweeps), before any calibration, refuses unregistered datasets and checks every
     declared size against the data (q = B/N and T must be the trainer's); after it, refuses cells
     left without a batch size. ``dptune plan`` passes False: declared sizes are used as given.
@@ -358,7 +360,7 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     if space.selection.private:
         sigmas, privacy = _selection_noise(cells, candidates, space, validation, request)
     else:
-        sigmas, privacy = calibrate_many(requests, workers=workers, progress=progress), {}
+        sigmas, privacy = calibrate_many(requests, workers=workers, progress=progress, executor=executor), {}
     pruning = space.pruning
     plans = []
     for c in cells:
