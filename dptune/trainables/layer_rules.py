@@ -21,6 +21,7 @@ Hutch++) plug into the linear-like rule.
 """
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -142,12 +143,10 @@ class LinearLike(Rule):
 
     name = "linear"
 
-    def __init__(self) -> None:
-        try:
-            from transformers.pytorch_utils import Conv1D
-        except ImportError:  # transformers is a dependency; the rule simply does without it
-            Conv1D = None
-        self.conv1d = Conv1D
+    @property
+    def conv1d(self) -> type | None:
+        """HF's ``Conv1D``, once transformers defined it (a model holding one has imported it)."""
+        return loaded_class("transformers.pytorch_utils", "Conv1D")
 
     def handles(self, module: nn.Module) -> bool:
         if _own_forward(module, nn.Linear):
@@ -318,15 +317,17 @@ class Embedding(Rule):
         return LayerGrads(sq, clipped, "rows per example", _nbytes(ids, G, rows))
 
 
+def loaded_class(module: str, name: str) -> type | None:
+    """A library's class if its module is loaded, else None. A model holding an instance has loaded
+    it, so a rule can recognise library layers without importing timm or transformers (seconds of a
+    trial worker's start) for models that use neither."""
+    return getattr(sys.modules.get(module), name, None)
+
+
 def _layer_norm_types() -> tuple[type, ...]:
-    """nn.LayerNorm and library subclasses with the same algebra (timm's LayerNorm)."""
-    types: tuple[type, ...] = (nn.LayerNorm,)
-    try:
-        from timm.layers import LayerNorm as TimmLayerNorm
-        types += (TimmLayerNorm,)
-    except ImportError:
-        pass
-    return types
+    """nn.LayerNorm and library subclasses with the same algebra (timm's LayerNorm, when loaded)."""
+    timm_layer_norm = loaded_class("timm.layers.norm", "LayerNorm")
+    return (nn.LayerNorm,) if timm_layer_norm is None else (nn.LayerNorm, timm_layer_norm)
 
 
 class Normalisation(Rule):
@@ -335,11 +336,8 @@ class Normalisation(Rule):
 
     name = "normalisation"
 
-    def __init__(self) -> None:
-        self.layer_norms = _layer_norm_types()
-
     def handles(self, module: nn.Module) -> bool:
-        return _own_forward(module, *self.layer_norms, nn.GroupNorm, nn.RMSNorm)
+        return _own_forward(module, *_layer_norm_types(), nn.GroupNorm, nn.RMSNorm)
 
     def _normalised(self, module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
         """(x̂, the dims summed for a per-sample gradient) of one call."""

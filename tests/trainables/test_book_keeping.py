@@ -90,6 +90,9 @@ def test_vit_matches_the_loop(peft):
     engine = assert_matches_loop(model, x, y, median_clip(model, x, y))
     rules = {row["rule"] for row in engine.norms.explain()}
     assert ("broadcast" in rules) == (peft == "full")  # class token, position embedding: per-example expansion
+    modules = dict(model.named_modules())
+    norms = {row["rule"] for row in engine.norms.explain() if isinstance(modules.get(row["module"]), nn.LayerNorm)}
+    assert norms == ({"normalisation"} if peft in ("film", "full") else set())   # timm's LayerNorm: the closed form
 
 
 def roberta(tmp_path) -> str:

@@ -127,6 +127,21 @@ def test_hook_engine_with_exact_norms_equals_per_example_loop(case):
         torch.testing.assert_close(sums[name], ref_sums[name], rtol=1e-10, atol=1e-12)
 
 
+def test_hf_conv1d_gets_the_linear_rule():
+    """GPT-2's Conv1D (a transformers class, recognised once transformers is loaded) takes the
+    linear-like closed form, not the per-example fallback."""
+    from transformers.pytorch_utils import Conv1D
+
+    model = tiny_gpt2()
+    engine = BookKeepingEngine(model, LOSS)
+    ids = torch.randint(1, 50, (3, 5))
+    engine.clipped_sum({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, torch.tensor([0, 1, 2]),
+                       lambda n: flat_clip(n, 1.0))
+    modules = dict(model.named_modules())
+    rules = {row["rule"] for row in engine.explain() if isinstance(modules.get(row["module"]), Conv1D)}
+    assert rules == {"linear"}
+
+
 def test_micro_batches_give_the_same_clipped_sum():
     model = MixedModel().double()
     x, y = _mixed_batch()
