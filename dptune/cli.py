@@ -351,8 +351,9 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 def run_sweep_command(args: argparse.Namespace, out: TextIO) -> int:
     from .platform.sweep import prepare, run_sweep
 
-    plan, settings = prepare(args.spec, storage=args.storage, progress=not args.quiet, out=out, address=args.address)
-    _refuse_earlier_run(settings.paths, overwrite=args.overwrite, out=out)
+    plan, settings = prepare(args.spec, storage=args.storage, progress=not args.quiet, out=out, address=args.address,
+                             start_local_ray=not args.address,
+                             check=lambda s: _refuse_earlier_run(s.paths, overwrite=args.overwrite, out=out))
     settings.verbose = 2 if args.verbose else 0
     outcome = run_sweep(plan, settings, address=args.address, out=out)
     return _report_outcome(outcome, out)

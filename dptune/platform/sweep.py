@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
@@ -39,20 +40,32 @@ class SweepOutcome:
 
 
 def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool = True,
-            out: TextIO = sys.stdout, address: str | None = None) -> tuple[SweepPlan, RunSettings]:
+            out: TextIO = sys.stdout, address: str | None = None, start_local_ray: bool = False,
+            check: Callable[[RunSettings], None] | None = None) -> tuple[SweepPlan, RunSettings]:
     """Validate and plan a spec (the embedded default when None) before any trial is launched.
-    With ``address`` (a Ray cluster), the σ the plan lacks are calibrated as Ray tasks across it."""
+
+    ``check`` vets the run settings before anything starts (e.g. refuses an earlier run's folder).
+    With ``address`` (a Ray cluster), the σ the plan lacks are calibrated as Ray tasks across it;
+    with ``start_local_ray``, local Ray starts while they are calibrated (in other processes): a
+    sweep's first trial then waits for neither in turn."""
     spec = load_spec(spec_path or DEFAULT_SPEC, trainables_catalog())
-    executor = None
-    if address:
-        start_ray(address)
-        executor = RayTasks()
-    plan = plan_sweep(spec, trainables_catalog(), progress=progress, executor=executor)
     resources = spec["resources"]
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
                            cpus_per_trial=resources.cpu, gpus_per_trial=resources.gpu,
                            max_failures=spec["failure"], max_concurrent=resources.max_concurrent,
                            workers=resources.workers, workers_from_batch_size=resources.workers_from_batch_size)
+    if check is not None:
+        check(settings)
+    if address:
+        start_ray(address)
+        plan = plan_sweep(spec, trainables_catalog(), progress=progress, executor=RayTasks())
+    elif start_local_ray:
+        with ThreadPoolExecutor(max_workers=1) as planner:
+            planning = planner.submit(plan_sweep, spec, trainables_catalog(), progress=progress)
+            start_ray()
+            plan = planning.result()
+    else:
+        plan = plan_sweep(spec, trainables_catalog(), progress=progress)
     print(format_plan(plan, dry_run=False), file=out)
     for note in plan.notes:
         print(f"note: {note}", file=out)
