@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dptune.platform import tune_adapter
-from dptune.platform.store import ResultsStore
+from dptune.platform.store import ResultsStore, schema_tag
 
 AGGREGATE = ("SELECT dataset, backbone, epsilon, count(*) AS n, max(accuracy) AS best, avg(epsilon_spent) AS eps "
              "FROM trials GROUP BY dataset, backbone, epsilon ORDER BY dataset, backbone, epsilon")
@@ -98,8 +98,9 @@ def query_speed(n_rows: int, n_files: int) -> tuple[float, float, float, float, 
         compacted = timed_query(store)
     with tempfile.TemporaryDirectory() as root:
         store = ResultsStore(f"{root}/store")
-        for i in range(n_files):  # one file per trial, as the sweep writes them before compaction
-            pq.write_table(synthetic_trials(1, rng, i), f"{root}/store/trials/trial-t{i}.parquet")
+        for i in range(n_files):  # one file per trial, named as the store names them, before compaction
+            table = synthetic_trials(1, rng, i)
+            pq.write_table(table, f"{root}/store/trials/trial-t{i}.{schema_tag(table.schema)}.parquet")
         loose = timed_query(store)
     with tempfile.TemporaryDirectory() as root:
         store = ResultsStore(f"{root}/store")

@@ -1,10 +1,12 @@
 """The results store: a Parquet dataset per experiment, queried through DuckDB views.
 
 Layout under ``<storage>/<experiment>/store/`` (see :mod:`.layout`): one folder per table (``trials``, ``epochs``,
-``gradnorms``). Each finished or errored trial writes one ``trial-<id>.parquet`` file per table —
-written to a hidden temporary name and renamed (on an object store: serialised in full, then
+``gradnorms``). Each finished or errored trial writes one ``trial-<id>.<schema tag>.parquet`` file per
+table — written to a hidden temporary name and renamed (on an object store: serialised in full, then
 uploaded as one object, which appears only once complete), so a reader never sees half a file, and keyed by
-trial id, so a resumed trial replaces its rows instead of duplicating them. ``compact`` merges the
+trial id, so a resumed trial replaces its rows instead of duplicating them (a rewrite with another
+schema leaves a second file, and the views keep the newer). The tag names the file's schema: files
+of one schema are scanned together as they are, without unifying schemas file by file. ``compact`` merges the
 small files into ``part-*.parquet`` files (keeping the newest version of each trial). The views
 read every file and keep each configuration's rows from its newest file: a resumed trial's new
 loose file over an older part, a trial Ray Tune restarted under a new id over the errored one, one
@@ -21,11 +23,14 @@ ATTACH, INSTALL/LOAD, SET and reading any file outside the store fail with one l
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 import time
 import uuid
+from collections import defaultdict
 from typing import Callable, Iterable, Sequence, TypeVar
 
 import duckdb
@@ -39,6 +44,8 @@ from .layout import filesystem
 TABLES = ("trials", "epochs", "gradnorms")
 T = TypeVar("T")
 LOOSE, PART = "trial-", "part-"
+#: A per-trial file's name: ``trial-<trial id>.<schema tag>.parquet`` (see :func:`schema_tag`).
+TAGGED = re.compile(r"^trial-.+\.(s[0-9a-f]{12})\.parquet$")
 #: The statements a query may be: reading, never writing, attaching, loading or configuring.
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 #: Each configuration's rows from its newest file (ties: the last file name), over rows with a
@@ -93,16 +100,10 @@ class ResultsStore:
             rows = [{**{k: _sanitize(v) for k, v in r.items()}, **keys} for r in rows]
             if table == "gradnorms":
                 rows = [{**r, "nonprivate": True} for r in rows]
-            self._write_atomic(f"{self.path}/{table}/{LOOSE}{_safe(trial_id)}.parquet", rows)
+            data = _arrow(rows)
+            self._write_atomic(f"{self.path}/{table}/{LOOSE}{_safe(trial_id)}.{schema_tag(data.schema)}.parquet", data)
 
-    def _write_atomic(self, final: str, rows: list[dict] | pa.Table) -> None:
-        if isinstance(rows, pa.Table):
-            table = rows
-        elif rows:
-            table = pa.Table.from_pylist(rows)
-        else:
-            table = pa.table({"trial_id": pa.array([], pa.string()), "config_id": pa.array([], pa.string()),
-                              "written_at": pa.array([], pa.float64())})
+    def _write_atomic(self, final: str, table: pa.Table) -> None:
         if isinstance(self.fs, pafs.LocalFileSystem):
             directory, name = final.rsplit("/", 1)
             tmp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
@@ -267,16 +268,46 @@ def check_read_only(sql: str) -> None:
                            "SELECT (or EXPLAIN) over the views trials, epochs and gradnorms")
 
 
+def _arrow(rows: list[dict]) -> pa.Table:
+    if rows:
+        return pa.Table.from_pylist(rows)
+    return pa.table({"trial_id": pa.array([], pa.string()), "config_id": pa.array([], pa.string()),
+                     "written_at": pa.array([], pa.float64())})
+
+
+def schema_tag(schema: pa.Schema) -> str:
+    """``s`` and 12 hex digits naming a per-trial file's Arrow schema (its file name carries it): the
+    files of one tag are read together without DuckDB's ``union_by_name``, which opens every file
+    once more to unify schemas (a query over 10,000 loose files: ~1 s of footers)."""
+    text = schema.remove_metadata().to_string(show_field_metadata=False)
+    return "s" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def tag_of(name: str) -> str | None:
+    """The schema tag of a per-trial file's name; None for parts and files written before tags."""
+    match = TAGGED.match(name)
+    return match.group(1) if match else None
+
+
 def _safe(trial_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in trial_id)
 
 
 def _parquet_sql(paths: Iterable[str]) -> str | None:
-    paths = list(paths)
-    if not paths:
+    """One scan over local files: the files of each schema tag read as they are, the others (parts,
+    untagged files) with ``union_by_name``, all unioned by column name."""
+    groups: dict[str | None, list[str]] = defaultdict(list)
+    for path in paths:
+        groups[tag_of(path.rsplit("/", 1)[-1])].append(path)
+    if not groups:
         return None
-    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
-    return f"read_parquet([{quoted}], union_by_name=true, filename=true)"
+    scans = []
+    for tag, files in groups.items():
+        quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in files)
+        scans.append(f"read_parquet([{quoted}], {'union_by_name=true, ' if tag is None else ''}filename=true)")
+    if len(scans) == 1:
+        return scans[0]
+    return "(" + " UNION ALL BY NAME ".join(f"SELECT * FROM {scan}" for scan in scans) + ") AS files"
 
 
 def _register(con: duckdb.DuckDBPyConnection, name: str, fs: pafs.FileSystem, paths: list[str]) -> str | None:

@@ -2,6 +2,7 @@
 import os
 import threading
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -172,7 +173,28 @@ def test_readers_never_see_half_written_files(tmp_path):
 def test_files_are_real_parquet_and_infinite_values_become_null(tmp_path):
     store = ResultsStore(str(tmp_path / "store"))
     store.write_trial({"trial_id": "np", "epsilon": float("inf"), "accuracy": 0.9})
-    table = pq.read_table(tmp_path / "store" / "trials" / "trial-np.parquet")
+    table = pq.read_table(next((tmp_path / "store" / "trials").glob("trial-np.s*.parquet")))
     assert table.column("epsilon").to_pylist() == [None]
     with pytest.raises(ValueError, match="table must be one of"):
         store.table("nope")
+
+
+def test_loose_files_of_different_schemas_read_as_one_table(tmp_path):
+    """Per-trial files carry their schema's tag and each tag is scanned as it is: files that differ
+    in a column's type (int against double, null against text) or in their columns still read as
+    pyarrow reads them one by one."""
+    store = ResultsStore(str(tmp_path / "store"))
+    rows = [{"trial_id": "a", "accuracy": 0.5, "error": None}, {"trial_id": "b", "accuracy": 1, "error": "boom"},
+            {"trial_id": "c", "accuracy": 0.25, "error": None, "extra": 3},
+            {"trial_id": "d", "accuracy": 0.75, "error": None}, {"trial_id": "e", "accuracy": 2, "error": None}]
+    for row in rows:
+        store.write_trial(row)
+    files = sorted(os.listdir(tmp_path / "store" / "trials"))
+    assert len({name.rsplit(".", 2)[1] for name in files}) == 4   # a and d share a schema
+    got = store.query("SELECT trial_id, accuracy, error, extra FROM trials ORDER BY trial_id")
+    assert got.accuracy.tolist() == [0.5, 1.0, 0.25, 0.75, 2.0]
+    assert [None if pd.isna(v) else v for v in got.error] == [None, "boom", None, None, None]
+    assert [None if pd.isna(v) else v for v in got.extra] == [None, None, 3, None, None]
+    by_pyarrow = pa.concat_tables([pq.read_table(tmp_path / "store" / "trials" / f) for f in files],
+                                  promote_options="permissive").to_pandas().sort_values("trial_id")
+    assert by_pyarrow.accuracy.tolist() == got.accuracy.tolist()
