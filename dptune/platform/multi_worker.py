@@ -74,8 +74,10 @@ def run_on_workers(config: dict, spec: WorkerSpec) -> None:
     from ray.util.queue import Empty, Queue
 
     restored = tune.get_checkpoint()
-    state = tune_adapter.checkpoint_state(restored)
-    if state is not None:
+    state = tune_adapter.restorable_state(restored)
+    if state is None:
+        restored = None   # none, or incomplete: every worker starts the trial again
+    else:
         check_workers(state, spec.workers)
     reports = Queue(actor_options={"num_cpus": 0})
     per_worker = {"CPU": spec.cpu, **({"GPU": spec.gpu} if spec.gpu else {})}
@@ -150,7 +152,7 @@ def _worker_loop(loop_config: dict) -> None:
     rank0 = trainer.workers.rank == 0
     history: list[dict] = []
     # Train's latest checkpoint (after a worker restart), else the one Tune restored the trial from
-    state = tune_adapter.checkpoint_state(ray.train.get_checkpoint() or loop_config.get("restore"))
+    state = tune_adapter.restorable_state(ray.train.get_checkpoint() or loop_config.get("restore"))
     if state is not None:
         trainer.load_state_dict(state["trainer"])
         history = state["history"]

@@ -230,11 +230,14 @@ class ResultsStore:
 def retrying(action: Callable[[], T], seconds: float) -> T:
     """``action()``, tried again with backoff (0.5 s, doubling up to 8 s) while it raises OSError,
     for at most ``seconds``; then its last error. What an object store's restart or a network
-    blip needs: the same request, a little later."""
+    blip needs: the same request, a little later. A missing file is not retried: gone is not
+    unreachable."""
     delay, deadline = 0.5, time.monotonic() + seconds
     while True:
         try:
             return action()
+        except FileNotFoundError:
+            raise
         except OSError:
             if time.monotonic() + delay > deadline:
                 raise

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -39,7 +40,21 @@ def train_report(metrics: dict, state: dict | None = None) -> None:
 
 def restore_state() -> dict[str, Any] | None:
     """The state saved with the trial's latest checkpoint, or None for a fresh trial."""
-    return checkpoint_state(tune.get_checkpoint())
+    return restorable_state(tune.get_checkpoint())
+
+
+def restorable_state(checkpoint: tune.Checkpoint | None) -> dict[str, Any] | None:
+    """The state a trial restores from ``checkpoint``; None when there is none, or when the
+    checkpoint lacks its state file: Ray Tune registered it but its upload was cut (a storage
+    outage), so the trial starts again from its beginning (seeded: it ends as an uninterrupted
+    run would; nothing of the lost run was stored)."""
+    try:
+        return checkpoint_state(checkpoint)
+    except FileNotFoundError as missing:
+        reason = str(missing).splitlines()[0] if str(missing) else "a file is missing"
+        print(f"dptune: checkpoint {checkpoint.path} is incomplete ({reason}); the trial starts again from its "
+              "beginning", file=sys.stderr)
+        return None
 
 
 def checkpoint_state(checkpoint: tune.Checkpoint | None) -> dict[str, Any] | None:

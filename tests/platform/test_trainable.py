@@ -1,5 +1,12 @@
-"""The trainable refuses a precomputed σ that was planned for another q or T."""
+"""The trainable refuses a precomputed σ that was planned for another q or T, and starts a trial
+again when the checkpoint it would restore from is incomplete."""
+import os
+
 import pytest
+import torch
+from ray import tune
+
+from dptune.platform.tune_adapter import STATE_FILE, restorable_state
 
 from dptune.platform.trainable import check_plan
 from dptune.trainables.config import TrainConfig
@@ -15,3 +22,15 @@ def test_plan_mismatch_is_refused():
         check_plan({**good, "steps": 30}, trainer)  # planned for twice the data
     with pytest.raises(ValueError, match="q="):
         check_plan({**good, "sample_rate": 0.05}, trainer)
+
+
+def test_an_incomplete_checkpoint_restores_nothing(tmp_path, capsys):
+    """Ray Tune registered the checkpoint but its upload was cut (CI, an S3 outage): no state file.
+    The trial starts again instead of failing at every restore."""
+    (tmp_path / "cut").mkdir()
+    assert restorable_state(tune.Checkpoint.from_directory(str(tmp_path / "cut"))) is None
+    assert "is incomplete" in capsys.readouterr().err
+    (tmp_path / "whole").mkdir()
+    torch.save({"history": [{"epoch": 1}]}, os.path.join(tmp_path / "whole", STATE_FILE))
+    assert restorable_state(tune.Checkpoint.from_directory(str(tmp_path / "whole"))) == {"history": [{"epoch": 1}]}
+    assert restorable_state(None) is None
