@@ -37,13 +37,16 @@ def platform_overhead(storage: str, n_trials: int) -> float:
     """Wall seconds for ``n_trials`` trivial trials with Ray's storage and the store under ``storage``."""
     from dptune.platform.launcher import RunSettings, run_trials
 
-    trials = [{"train": {"dataset": "digits", "model": "mlp", "epsilon": 1.0, "seed": i}, "meta": {"cell": "c"}}
-              for i in range(n_trials)]
-    settings = RunSettings(experiment=f"overhead-{uuid.uuid4().hex[:8]}", storage=storage, verbose=0, max_failures=0)
-    start = time.perf_counter()
-    run_trials(trials, settings, trainable=trivial_trainable)
-    elapsed = time.perf_counter() - start
-    assert len(ResultsStore(settings.paths.store).table("trials")) == n_trials
+    with tempfile.TemporaryDirectory() as stamps:   # where the trivial trials note when they started
+        trials = [{"train": {"dataset": "digits", "model": "mlp", "epsilon": 1.0, "seed": i},
+                   "meta": {"cell": "c", "stamps": stamps}} for i in range(n_trials)]
+        settings = RunSettings(experiment=f"overhead-{uuid.uuid4().hex[:8]}", storage=storage, verbose=0,
+                               max_failures=0)
+        start = time.perf_counter()
+        run_trials(trials, settings, trainable=trivial_trainable)
+        elapsed = time.perf_counter() - start
+    trials = ResultsStore(settings.paths.store).table("trials")
+    assert len(trials) == n_trials and (trials.status == "finished").all(), trials.status.value_counts()
     return elapsed
 
 

@@ -31,6 +31,7 @@ import re
 import time
 import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence, TypeVar
 
 import duckdb
@@ -55,6 +56,9 @@ READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementT
 NEWEST_FILE = "QUALIFY dense_rank() OVER (PARTITION BY {key} ORDER BY written_at DESC, filename DESC) = 1"
 KEYS = ("coalesce(config_id, trial_id)", "trial_id")
 
+
+#: How many files of a remote store are fetched at once when it is queried or compacted.
+READ_THREADS = 16
 
 #: The most ``part-*`` files a table keeps: a compaction of the per-trial files that finds this many
 #: merges them all into one.
@@ -321,8 +325,10 @@ def _register(con: duckdb.DuckDBPyConnection, name: str, fs: pafs.FileSystem, pa
 
 
 def _read_with_filename(fs: pafs.FileSystem, paths: list[str]) -> pa.Table:
-    """Files read by pyarrow as one table with a ``filename`` column (what read_parquet adds)."""
-    tables = [pq.read_table(p, filesystem=fs) for p in paths]
+    """Files read by pyarrow as one table with a ``filename`` column (what read_parquet adds). An
+    object store answers each file in a round trip or two, so the files are fetched concurrently."""
+    with ThreadPoolExecutor(max_workers=max(1, min(READ_THREADS, len(paths)))) as pool:
+        tables = list(pool.map(lambda p: pq.read_table(p, filesystem=fs), paths))
     tables = [t.append_column("filename", pa.array([p] * t.num_rows, pa.string())) for p, t in zip(paths, tables)]
     return pa.concat_tables(tables, promote_options="permissive")
 
