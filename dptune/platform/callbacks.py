@@ -9,7 +9,7 @@ from ..trainables.config import TrainConfig
 from .kept import KEPT, config_id
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
-from .store import ResultsStore, retrying
+from .store import ResultsStore, first_line, retrying
 from .trial_config import unflatten
 from .tune_adapter import checkpoint_state
 
@@ -58,8 +58,8 @@ class StoreCallback(tune.Callback):
             state = retrying(lambda: checkpoint_state(trial.checkpoint), self.store.write_retry_s)
         except OSError as exc:  # its checkpoint is lost for good: the row, without its curve, says so
             state = None
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            error = error or f"its per-epoch curve was not recorded: the trial's checkpoint could not be read ({reason})"
+            error = error or ("its per-epoch curve was not recorded: the trial's checkpoint could not be read "
+                              f"({first_line(exc)})")
         history = state["history"] if state else []
         last["history"] = history
         row = trial_row(trial.trial_id, resolved(unflatten(trial.config)), last, status=status, error=error,

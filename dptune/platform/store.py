@@ -135,9 +135,8 @@ class ResultsStore:
         try:  # an unreachable store (a restart, a network blip) is retried: same bytes, same key
             retrying(upload, self.write_retry_s)
         except OSError as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise StoreWriteError(f"results store {self.root} unreachable for {self.write_retry_s:.0f} s: "
-                                  f"writing {key.rsplit('/', 1)[-1]} failed ({reason}); nothing of it "
+                                  f"writing {key.rsplit('/', 1)[-1]} failed ({first_line(exc)}); nothing of it "
                                   "was published: once the store is back, `dptune resume` the experiment") from None
 
     def compact(self, *, loose_only: bool = False) -> dict[str, int]:
@@ -247,6 +246,11 @@ def retrying(action: Callable[[], T], seconds: float) -> T:
                 raise
             time.sleep(delay)
             delay = min(2 * delay, 8.0)
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message in one line (its first), or its type when it has none."""
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def _newest(con: duckdb.DuckDBPyConnection, source: str, run: Callable[[str], T]) -> T:

@@ -21,8 +21,8 @@ from .catalog import trainables_catalog
 from .equivalence import EquivalenceLog, write_equivalent_rows
 from .kept import keeping, kept_results
 from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
-from .ray_tasks import RayTasks
 from .layout import PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
+from .ray_tasks import RayTasks
 from .schedulers import build_scheduler
 from .searcher import SweepSearcher
 from .selection import release_selections
