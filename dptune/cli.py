@@ -100,11 +100,8 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
                if cfg.private else "non-private baseline (no clipping, no noise)")
     print(f"{privacy}; B={cfg.batch_size} (q={plan.sample_rate:.4g}), T={plan.steps} steps, "
           f"η={cfg.learning_rate:g}, {cfg.optimizer}", file=out)
-    history = []
     with tqdm(total=plan.steps, disable=args.quiet, unit="step", desc="training", file=sys.stderr) as bar:
-        while not trainer.done:
-            m = trainer.run_epoch(bar)
-            history.append(m)
+        def report(m: dict, history: list) -> None:
             line = (f"epoch {m['epoch']:>3}/{trainer.num_epochs}  step {m['step']:>5}  acc {m['accuracy']:.4f}  "
                     f"loss {m['loss']:.4f}  ε {m['epsilon_spent']:.3f}")
             if cfg.private:
@@ -112,6 +109,8 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
             tqdm.write(line, file=out)
             if args.explain_engine and len(history) == 1:
                 tqdm.write(_engine_table(trainer), file=out)
+
+        history = trainer.fit(report, progress=bar)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": cfg.to_dict(), "noise_multiplier": plan.noise_multiplier, "steps": plan.steps,

@@ -19,9 +19,7 @@ A scheduler that stops a multi-worker trial early (after one of its reports) abo
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import queue as std_queue
 import threading
 from dataclasses import dataclass
@@ -30,8 +28,9 @@ import ray
 import ray.train
 from ray import tune
 
+from ..trainables.training import TrialDiverged, divergence
 from . import tune_adapter
-from .trainable import TrialDiverged, check_plan, epoch_report
+from .trainable import epoch_report, planned_trainer, run_state
 from .trial_config import unflatten
 
 logging.getLogger("ray.train").setLevel(logging.WARNING)
@@ -109,9 +108,10 @@ def run_on_workers(config: dict, spec: WorkerSpec) -> None:
                     break
                 continue
             tune_adapter.report(metrics, state=tune_adapter.checkpoint_state(checkpoint))
-            if not math.isfinite(metrics.get("loss", 0.0)):
+            why = divergence(metrics)
+            if why is not None:   # the workers reported it and ended (a divergence is no worker failure)
                 thread.join()
-                raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics.get('epoch')}")
+                raise TrialDiverged(why)
     finally:  # stopped by Tune (a scheduler) while the run goes on: abort it, freeing its workers
         if thread.is_alive() and controller is not None:
             try:
@@ -132,40 +132,34 @@ def check_workers(state: dict, workers: int) -> None:
 
 
 def _worker_loop(loop_config: dict) -> None:
-    """One Train worker: the trial's Trainer on this worker's shard, reporting after every epoch
-    (rank 0 with the state as a checkpoint). A diverged loss is reported, then training ends."""
+    """One Train worker: the trial's :meth:`Trainer.fit` on this worker's shard, reporting after
+    every epoch (rank 0 with the state as a checkpoint). A diverged run has reported its epoch and
+    ends here: the Tune side raises :class:`TrialDiverged` from that report, and Ray Train does
+    not restart the workers for it."""
     import torch
 
-    from ..trainables.config import TrainConfig
     from ..trainables.distributed import ProcessGroupWorkers
-    from ..trainables.training import Trainer
 
     _quiet_reports()
-    spec = unflatten(loop_config["config"])
-    cfg = TrainConfig.from_dict(spec["train"])
-    if cfg.device in ("auto", "cuda") and torch.cuda.is_available():
+    config = loop_config["config"]
+    workers = ProcessGroupWorkers()
+    if unflatten(config)["train"].get("device", "auto") in ("auto", "cuda") and torch.cuda.is_available():
         device = ray.train.torch.get_device()
         torch.cuda.set_device(device)
-        cfg = dataclasses.replace(cfg, device=str(device))
-    trainer = Trainer(cfg, workers=ProcessGroupWorkers())
-    check_plan(spec.get("meta", {}), trainer)
-    rank0 = trainer.workers.rank == 0
-    history: list[dict] = []
+        config = {**config, "device": str(device)}
+    trainer = planned_trainer(config, workers=workers)
+    rank0 = workers.rank == 0
+
+    def report(metrics: dict, history: list) -> None:
+        tune_adapter.train_report(epoch_report(metrics, trainer, history),
+                                  state=run_state(trainer, history) if rank0 else None)
+
     # Train's latest checkpoint (after a worker restart), else the one Tune restored the trial from
     state = tune_adapter.restorable_state(ray.train.get_checkpoint() or loop_config.get("restore"))
-    if state is not None:
-        trainer.load_state_dict(state["trainer"])
-        history = state["history"]
-        if trainer.done and history:  # restored at its end: report it again
-            tune_adapter.train_report(epoch_report(history[-1], trainer, history),
-                                      state={"trainer": trainer.state_dict(), "history": history} if rank0 else None)
-    while not trainer.done:
-        metrics = trainer.run_epoch()
-        history.append(metrics)
-        tune_adapter.train_report(epoch_report(metrics, trainer, history),
-                                  state={"trainer": trainer.state_dict(), "history": history} if rank0 else None)
-        if not math.isfinite(metrics.get("loss", 0.0)):
-            return
+    try:
+        trainer.fit(report, state=state)
+    except TrialDiverged:
+        return
 
 
 class _Relay(ray.train.UserCallback):

@@ -2,10 +2,11 @@
 
 A trial's Ray Tune config is flat (:mod:`.trial_config`): the training config's fields (``model``
 as ``backbone``) and the plan's figures as top-level keys. The trainable resumes from its latest
-checkpoint (weights, optimizer, sampler/noise/torch RNG states,
-step, history), so a restored trial ends exactly as an uninterrupted one would. Reports carry
-scalar metrics only; the per-epoch history (curves, per-class gradient-norm statistics) travels in
-the checkpoint, where the driver-side store callback reads it.
+checkpoint (weights, optimizer, sampler/noise/torch RNG states, step, history), so a restored
+trial ends exactly as an uninterrupted one would. The loop is :meth:`Trainer.fit`; this module
+only turns each epoch into a Tune report. Reports carry scalar metrics only; the per-epoch
+history (curves, per-class gradient-norm statistics) travels in the checkpoint, where the
+driver-side store callback reads it.
 """
 from __future__ import annotations
 
@@ -18,10 +19,6 @@ from . import tune_adapter
 from .trial_config import unflatten
 
 
-class TrialDiverged(FloatingPointError):
-    """The training loss became NaN or infinite (the trial is recorded as errored)."""
-
-
 def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
     """Train the configured model with DP for the planned steps, reporting after every epoch.
     ``on_workers`` (set by the launcher for a multi-worker trial, :mod:`.multi_worker`) runs the
@@ -29,24 +26,24 @@ def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None)
     if on_workers is not None:
         on_workers(config)
         return
+    trainer = planned_trainer(config)
+    trainer.fit(lambda metrics, history: tune_adapter.report(epoch_report(metrics, trainer, history),
+                                                             state=run_state(trainer, history)),
+                state=tune_adapter.restore_state())
+
+
+def planned_trainer(config: dict, **options: object) -> Trainer:
+    """The Trainer of a trial's flat config, refused if its precomputed σ was planned for another
+    q or T (:func:`check_plan`). ``options`` go to the Trainer (e.g. its workers)."""
     spec = unflatten(config)
-    cfg = TrainConfig.from_dict(spec["train"])
-    trainer = Trainer(cfg)
+    trainer = Trainer(TrainConfig.from_dict(spec["train"]), **options)
     check_plan(spec.get("meta", {}), trainer)
-    history: list[dict] = []
-    state = tune_adapter.restore_state()
-    if state is not None:
-        trainer.load_state_dict(state["trainer"])
-        history = state["history"]
-        if trainer.done and history:  # restored at its end (e.g. after a driver failure): report it again
-            tune_adapter.report(epoch_report(history[-1], trainer, history))
-    while not trainer.done:
-        metrics = trainer.run_epoch()
-        if not math.isfinite(metrics.get("loss", 0.0)):   # private selection evaluates nothing before the end
-            raise TrialDiverged(f"test loss became {metrics['loss']} at epoch {metrics['epoch']}")
-        history.append(metrics)
-        tune_adapter.report(epoch_report(metrics, trainer, history),
-                            state={"trainer": trainer.state_dict(), "history": history})
+    return trainer
+
+
+def run_state(trainer: Trainer, history: list[dict]) -> dict:
+    """What a trial's checkpoint holds: the trainer's state and the history so far."""
+    return {"trainer": trainer.state_dict(), "history": history}
 
 
 def check_plan(meta: dict, trainer: Trainer) -> None:

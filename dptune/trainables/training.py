@@ -2,8 +2,10 @@
 
 :class:`Trainer` holds all state of a run (model, optimizer, sampler and noise generators, step)
 and can save and restore it, so a resumed run ends exactly where an uninterrupted one would.
-``train`` runs it to the end without Ray (``dptune train``); the Ray Tune trainable drives the
-same class epoch by epoch.
+:meth:`Trainer.fit` is the one training loop: ``dptune train``, the Ray Tune trainable and every Ray
+Train worker of a multi-worker trial call it, each with its own ``report`` (a printed line, a Tune
+report with a checkpoint, a Train report), so restoring, divergence and the final report are
+handled once, here.
 """
 from __future__ import annotations
 
@@ -30,6 +32,23 @@ from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
 from .optimizers import make_optimizer
 from .sampling import PoissonSampler
+
+
+class TrialDiverged(FloatingPointError):
+    """The evaluated loss became NaN or infinite (a trial is recorded as errored)."""
+
+
+#: Called by :meth:`Trainer.fit` after every epoch with that epoch's metrics and the whole history.
+Report = Callable[[dict, list], None]
+
+
+def divergence(metrics: dict) -> str | None:
+    """Why an epoch's metrics show a diverged run (a loss that is not finite), or None. Private
+    selection evaluates nothing before its end: no loss, nothing to check."""
+    loss = metrics.get("loss")
+    if loss is None or math.isfinite(loss):
+        return None
+    return f"loss became {loss} at epoch {metrics.get('epoch')}"
 
 
 @dataclass(frozen=True)
@@ -228,6 +247,28 @@ class Trainer:
             metrics["epsilon_spent"] = math.inf
         return metrics
 
+    def fit(self, report: Report | None = None, *, state: dict | None = None,
+            progress: tqdm | None = None) -> list[dict]:
+        """Train to step T, calling ``report(metrics, history)`` after every epoch, and return the
+        history. ``state`` (a checkpoint's ``{"trainer": state_dict, "history": [...]}``) resumes a
+        run; one restored at its end reports its last epoch again, so its caller sees a final result.
+        A loss that is no longer finite raises :class:`TrialDiverged`, after that epoch is reported."""
+        history: list[dict] = []
+        if state is not None:
+            self.load_state_dict(state["trainer"])
+            history = list(state["history"])
+            if self.done and history and report is not None:
+                report(history[-1], history)
+        while not self.done:
+            metrics = self.run_epoch(progress)
+            history.append(metrics)
+            if report is not None:
+                report(metrics, history)
+            why = divergence(metrics)
+            if why is not None:
+                raise TrialDiverged(why)
+        return history
+
     def noisy_score(self) -> dict:
         """Private selection ("Hyperparameter Tuning with Renyi Differential Privacy", Papernot &
         Steinke, ICLR 2022): the validation accuracy plus N(0, score_noise²) noise (sensitivity 1/n_val,
@@ -272,14 +313,12 @@ class Trainer:
 
 def train(cfg: TrainConfig, *, progress: bool = True, on_epoch: Callable[[dict], None] | None = None,
           data: DatasetSplits | None = None) -> list[dict]:
-    """Run a whole training without Ray; returns the per-epoch metrics."""
+    """Run a whole training without Ray, with a progress bar; returns the per-epoch metrics."""
     trainer = Trainer(cfg, data)
-    history = []
     with tqdm(total=trainer.plan.steps, disable=not progress, unit="step", desc="training") as bar:
-        while not trainer.done:
-            metrics = trainer.run_epoch(bar)
-            history.append(metrics)
+        def report(metrics: dict, history: list) -> None:
             bar.set_postfix(acc=f"{metrics.get('accuracy', math.nan):.3f}", eps=f"{metrics['epsilon_spent']:.2f}")
             if on_epoch is not None:
                 on_epoch(metrics)
-    return history
+
+        return trainer.fit(report, progress=bar)

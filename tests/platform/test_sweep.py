@@ -62,8 +62,11 @@ def test_sweep_writes_one_row_per_trial_with_the_right_figures(local_ray, tmp_pa
     finished_ids = set(done.trial_id)
     per_trial = epochs[epochs.trial_id.isin(finished_ids)].groupby("trial_id").epoch.apply(sorted)
     assert all(v == [1, 2] for v in per_trial)
+    # the diverged trial keeps its curve up to the epoch whose loss was no longer finite
+    diverged = errors.loc["mlp", "trial_id"]
+    assert epochs[epochs.trial_id == diverged].loss.isna().tolist() == [True]
     gradnorms = ResultsStore(settings.paths.store).table("gradnorms")
-    assert set(gradnorms.trial_id) == finished_ids and gradnorms.nonprivate.all()
+    assert set(gradnorms.trial_id) == finished_ids | {diverged} and gradnorms.nonprivate.all()
     # the store is the record: none of Ray Tune's per-trial logger files (a TensorBoard writer and
     # three files per trial, about a third of the driver's time per trial in short sweeps)
     logged = [p.name for p in tmp_path.rglob("*") if p.name.startswith(("events.out.tfevents", "progress.csv",
