@@ -28,7 +28,7 @@ import ray
 import ray.train
 from ray import tune
 
-from ..trainables.training import TrialDiverged, divergence
+from ..trainables.training import TrialDiverged, check_workers, divergence
 from . import tune_adapter
 from .trainable import epoch_report, planned_trainer, run_state
 from .trial_config import unflatten
@@ -77,7 +77,7 @@ def run_on_workers(config: dict, spec: WorkerSpec) -> None:
     if state is None:
         restored = None   # none, or incomplete: every worker starts the trial again
     else:
-        check_workers(state, spec.workers)
+        check_workers(state["trainer"], spec.workers)   # before any worker starts
     reports = Queue(actor_options={"num_cpus": 0})
     per_worker = {"CPU": spec.cpu, **({"GPU": spec.gpu} if spec.gpu else {})}
     trainer = TorchTrainer(
@@ -121,14 +121,6 @@ def run_on_workers(config: dict, spec: WorkerSpec) -> None:
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
-
-
-def check_workers(state: dict, workers: int) -> None:
-    """Refuse a checkpoint written on another number of workers (before any worker starts)."""
-    saved = state.get("trainer", {}).get("workers", 1)
-    if saved != workers:
-        raise ValueError(f"this trial's checkpoint was written on {saved} worker(s); it resumes with the same result "
-                         f"only on {saved}, not on {workers}: set resources.workers to {saved}")
 
 
 def _worker_loop(loop_config: dict) -> None:

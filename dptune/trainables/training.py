@@ -79,6 +79,16 @@ def plan_privacy(cfg: TrainConfig, num_examples: int) -> PrivacyPlan:
     return PrivacyPlan(q, steps, sigma)
 
 
+def check_workers(state: dict, workers: int) -> None:
+    """Refuse a trainer state written on another number of workers: the shards and the order of the
+    steps' sums depend on W, so it resumes with the same result only on as many as wrote it."""
+    saved = state.get("workers", 1)
+    if saved != workers:
+        raise ValueError(f"this checkpoint was written on {saved} worker(s); it resumes with the same result only "
+                         f"on {saved} (the shards and step order depend on it), not on {workers}: set "
+                         f"resources.workers to {saved}")
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -293,11 +303,7 @@ class Trainer:
                 "train_time_s": self.train_time_s, "config": self.cfg.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        saved = state.get("workers", 1)
-        if saved != self.workers.size:
-            raise ValueError(f"this checkpoint was written by a run on {saved} worker(s); it resumes with the same "
-                             f"result only on {saved} (the shards and step order depend on it), not on "
-                             f"{self.workers.size}: set resources.workers to {saved}")
+        check_workers(state, self.workers.size)
         missing = set(self.trainable_state()) - set(state["model"])
         if missing:
             raise ValueError(f"checkpoint lacks trainable tensors: {', '.join(sorted(missing))}")

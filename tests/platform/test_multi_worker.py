@@ -192,7 +192,8 @@ def test_resources_section_names_the_bad_field():
 
 
 def test_worker_spec_picks_w_and_resources_per_trial():
-    from dptune.platform.multi_worker import WorkerSpec, check_workers
+    from dptune.platform.multi_worker import WorkerSpec
+    from dptune.trainables.training import check_workers
 
     spec = WorkerSpec(workers=4, cpu=2, gpu=1, from_batch_size=1024)
     small, large = {"batch_size": 512, "backbone": "cnn"}, {"batch_size": 1024, "backbone": "cnn"}
@@ -200,9 +201,9 @@ def test_worker_spec_picks_w_and_resources_per_trial():
     assert spec.resources_for(small).bundles == [{"CPU": 2, "GPU": 1}]
     assert spec.resources_for(large).bundles[0].get("CPU", 0) == 0 and "GPU" not in spec.resources_for(large).bundles[0]
     assert WorkerSpec(workers=2).workers_for(small) == 2
-    check_workers({"trainer": {"workers": 4}}, 4)
+    check_workers({"workers": 4}, 4)
     with pytest.raises(ValueError, match="written on 4 worker.*not on 2: set resources.workers to 4"):
-        check_workers({"trainer": {"workers": 4}}, 2)
+        check_workers({"workers": 4}, 2)
 
 
 def test_multi_worker_sweeps_bound_the_trials_tune_starts(local_ray):

@@ -59,6 +59,6 @@ def test_a_checkpoint_resumes_only_on_the_workers_that_wrote_it():
                       model_options={"hidden": 8}, device="cpu")
     state = Trainer(cfg).state_dict()
     assert state["workers"] == 1
-    with pytest.raises(ValueError, match=r"written by a run on 1 worker\(s\).*not on 2: set resources.workers to 1"):
+    with pytest.raises(ValueError, match=r"written on 1 worker\(s\).*not on 2: set resources.workers to 1"):
         Trainer(cfg, workers=_Pretend()).load_state_dict(state)
     Trainer(cfg).load_state_dict(state)  # the same W resumes
