@@ -36,10 +36,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["DPTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="dptune-sigmas-")
     from dptune.platform import spec_sections  # noqa: F401
-    from dptune.platform.plan_catalog import planning_catalog
+    from dptune.platform.catalog import trainables_catalog
     from dptune.search_spaces import load_spec, plan_sweep
 
-    catalog = planning_catalog()
+    catalog = trainables_catalog()
     start = time.perf_counter()
     plan = plan_sweep(load_spec(args.spec, catalog), catalog, workers=args.workers, strict=False)
     print(f"cold plan (in process, series calibration): {time.perf_counter() - start:.1f} s")

@@ -189,10 +189,10 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 
 def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
-    from .platform.plan_catalog import planning_catalog
+    from .platform.catalog import trainables_catalog
     from .search_spaces import format_plan, load_spec, plan_sweep
 
-    catalog = planning_catalog()  # names and sizes from a snapshot when warm: no torch
+    catalog = trainables_catalog()  # torch-free: lazy registries, sizes from metadata
     spec = load_spec(args.spec, catalog)
     plan = plan_sweep(spec, catalog, workers=args.workers, progress=not args.quiet, strict=False)
     print(format_plan(plan), file=out)

@@ -18,15 +18,38 @@ so the error of an unknown name reads as a message about that field. Registering
 under a taken name is refused. Open-ended families (every timm model, ``timm:<name>``) register a
 factory under a prefix: ``get("timm:vit_x")`` is the factory bound to ``"vit_x"``.
 
+An entry can be **lazy** (as transformers' auto mappings are): ``register_lazy("sgd",
+"dptune.trainables.optimizers:sgd")`` names the entry by a ``"module:attr"`` string (optionally
+with arguments to bind), imported on first :meth:`get`. So a registry's names are known without
+importing what implements them: ``dptune --help`` lists the optimizers without loading torch.
+
 Standard library only: every dptune package (``privacy`` included, which has no torch) imports it.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+from dataclasses import dataclass
 from typing import Callable, Generic, Iterator, TypeVar, overload
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """An entry imported on first use: ``module:attr``, with ``args``/``kwargs`` bound (a partial)."""
+
+    target: str
+    args: tuple = ()
+    kwargs: tuple = ()
+
+    def resolve(self) -> object:
+        module, sep, attr = self.target.partition(":")
+        if not sep or not attr:
+            raise ValueError(f"a lazy entry is 'module:attr'; got {self.target!r}")
+        value = getattr(importlib.import_module(module), attr)
+        return functools.partial(value, *self.args, **dict(self.kwargs)) if self.args or self.kwargs else value
 
 
 class UnknownName(ValueError, KeyError):
@@ -59,6 +82,15 @@ class Registry(Generic[T]):
         self._entries[name] = entry
         return entry
 
+    def register_lazy(self, name: str, target: str, *args: object, **kwargs: object) -> None:
+        """Register ``"module:attr"`` under ``name``, imported (and bound to ``args``/``kwargs``)
+        the first time :meth:`get` asks for it."""
+        self.register(name, Lazy(target, args, tuple(sorted(kwargs.items()))))
+
+    def register_family_lazy(self, prefix: str, target: str) -> None:
+        """:meth:`register_family` with the factory given as ``"module:attr"``, imported on first use."""
+        self.register_family(prefix, Lazy(target))
+
     def register_family(self, prefix: str, factory: Callable[..., T] | None = None):
         """Register ``factory(rest, …)`` for every name ``prefix:<rest>`` (decorator without ``factory``)."""
         if factory is None:
@@ -74,10 +106,16 @@ class Registry(Generic[T]):
         an unknown name raises :class:`UnknownName` listing the registered ones."""
         if isinstance(name, str):
             if name in self._entries:
-                return self._entries[name]
+                entry = self._entries[name]
+                if isinstance(entry, Lazy):
+                    entry = self._entries[name] = entry.resolve()
+                return entry
             prefix, sep, rest = name.partition(":")
             if sep and rest and prefix in self._families:
-                return functools.partial(self._families[prefix], rest)  # type: ignore[return-value]
+                factory = self._families[prefix]
+                if isinstance(factory, Lazy):
+                    factory = self._families[prefix] = factory.resolve()
+                return functools.partial(factory, rest)  # type: ignore[return-value]
         raise UnknownName(f"{self.kind} must be one of {', '.join(self.choices())}; got {name!r}")
 
     def names(self) -> tuple[str, ...]:
@@ -93,7 +131,8 @@ class Registry(Generic[T]):
         return self.names() + tuple(f"{p}:<name>" for p in self._families)
 
     def items(self) -> Iterator[tuple[str, T]]:
-        return iter(tuple(self._entries.items()))
+        """(name, entry) pairs, lazy entries imported."""
+        return iter(tuple((name, self.get(name)) for name in self._entries))
 
     def copy(self) -> "Registry[T]":
         """An independent registry with the same entries (e.g. for a test that registers more)."""
@@ -127,6 +166,8 @@ def _refuse_taken(kind: str, name: str, old: object, new: object) -> None:
 
 
 def _describe(entry: object) -> str:
+    if isinstance(entry, Lazy):
+        return entry.target
     fn = entry.func if isinstance(entry, functools.partial) else entry
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 

@@ -1,20 +1,21 @@
-"""What this build can train, for validating sweep specs (the bridge from trainables to search_spaces)."""
+"""What this build can train, for validating sweep specs (the bridge from trainables to search_spaces).
+
+Built from the trainer's torch-free declarations (:mod:`dptune.trainables.registries`, whose entries
+are imported on first use, and :mod:`dptune.trainables.config`), so validating and planning a spec
+imports no torch: a model or dataset module is loaded only to check options given to it, and a
+dataset only when its size cannot be counted from metadata.
+"""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 
 from ..registry import check_options
 from ..search_spaces import Catalog
-from ..search_spaces.search_sections import BACKBONE_FIELDS
-from ..trainables.clip_factors import CLIP_FNS
-from ..trainables.config import TrainConfig
-from ..trainables.data import DATASETS, train_size
-from ..trainables.engine import DENOISE_SCOPES, DENOISERS, DIAGNOSTICS, NORM_ENGINES
-from ..trainables.finetuning import PEFT_METHODS
-from ..trainables.models import MODELS
-from ..trainables.optimizers import OPTIMIZERS
+from ..search_spaces.search_sections import BACKBONE_FIELDS, DATASET_OPTIONS
+from ..trainables.config import check_option
+from ..trainables.data import train_size
+from ..trainables.registries import DATASETS, MODELS
 
 #: Model options that configure LoRA adapters: meaningful only with ``peft: lora``.
 LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
@@ -22,7 +23,7 @@ LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
 def dataset_size(name: str, **options: object) -> int:
     """Training-set size N of a registered dataset with its axis options (what the trainer will see),
-    from metadata where the data is a local copy."""
+    from metadata where it can be counted without loading."""
     return _cached_size(name, tuple(sorted((k, str(v)) for k, v in options.items())), **options)
 
 
@@ -35,10 +36,10 @@ def check_backbone(name: str, options: dict) -> None:
     """Refuse a backbone option its model builder does not take (one line naming the option and
     what the builder takes), a ``peft`` method that does not exist, and LoRA options without
     ``peft: lora``. The builder's own ``peft`` default counts when the spec sets none."""
-    builder = MODELS.get(name)
     peft = options.get("peft")
-    if peft is not None and peft not in PEFT_METHODS:
-        raise ValueError(f"peft must be one of {', '.join(PEFT_METHODS)}; got {peft!r}")
+    if peft is not None:
+        check_option("peft", peft)
+    builder = MODELS.get(name)
     check_options("model", name, builder, options, implicit=("num_classes", "input_shape"))
     lora = [k for k in LORA_OPTIONS if k in options]
     if lora:
@@ -55,20 +56,14 @@ def check_backbone(name: str, options: dict) -> None:
 def check_dataset(name: str, options: dict) -> None:
     """Refuse a dataset option its loader does not take (one line naming the option and what the
     loader takes among the options a spec may set)."""
-    from ..search_spaces.search_sections import DATASET_OPTIONS
-
     loader = DATASETS.get(name)
     params = inspect.signature(loader).parameters
     implicit = tuple(p for p in params if p not in DATASET_OPTIONS)
-    check_options("dataset", name, loader, {k: v for k, v in options.items()}, implicit=implicit)
+    check_options("dataset", name, loader, dict(options), implicit=implicit)
 
 
 def trainables_catalog() -> Catalog:
     """The registered datasets (with their sizes) and backbones (``timm:``/``hf:`` families
-    included), the trainer's config fields, its option values, and the option checks."""
-    return Catalog(datasets=DATASETS, backbones=MODELS, dataset_size=dataset_size,
-                   options={"optimizer": OPTIMIZERS, "clip_fn": tuple(CLIP_FNS),
-                            "norm_estimator": tuple(NORM_ENGINES), "denoise": (None, *DENOISERS),
-                            "denoise_scope": tuple(DENOISE_SCOPES), "diagnostics": tuple(DIAGNOSTICS)},
-                   train_fields=tuple(f.name for f in dataclasses.fields(TrainConfig)),
+    included), the trainer's rule for every trial option, and the option checks."""
+    return Catalog(datasets=DATASETS, backbones=MODELS, dataset_size=dataset_size, check_trial_option=check_option,
                    check_backbone=check_backbone, check_dataset=check_dataset)

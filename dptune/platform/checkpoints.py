@@ -18,7 +18,7 @@ from torch import nn
 
 from ..trainables.config import TrainConfig
 from ..trainables.batching import to_device
-from ..trainables.data import take
+from ..trainables.splits import take
 from ..trainables.per_sample import VmapNormEngine
 from ..trainables.training import Trainer
 from .tune_adapter import STATE_FILE

@@ -7,8 +7,8 @@ receive the target ``delta`` and the number of ``steps`` (keywords), for mechani
 small per-step tail to δ.
 
 Importing this module is cheap (no scipy): the exact mechanism imports the PRV code when called,
-and ``validation.all_mechanisms`` imports the randomised ones the first time a name is not found, so
-validating ``norm_estimator="exact"`` (``dptune plan`` with a warm cache) loads no accountant.
+and the randomised ones are lazy entries (their module is imported when first used), so validating
+a ``norm_estimator`` (``dptune plan`` with a warm cache) loads no accountant.
 """
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ MECHANISMS: Registry[MechanismBuilder] = Registry("norm_estimator")
 def register_mechanism(norm_estimator: str) -> Callable[[MechanismBuilder], MechanismBuilder]:
     """Decorator: ``builder`` is the accountant of ``norm_estimator``."""
     return MECHANISMS.register(norm_estimator)
+
+
+# Hutchinson and Hutch++ share one accountant: the Z_env envelope bounds both (privacy/randomized.py).
+for _name in ("hutchinson", "hutchpp"):
+    MECHANISMS.register_lazy(_name, "dptune.privacy.randomized:randomized_clipping")
 
 
 @register_mechanism("exact")

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special, stats
 
-from .mechanisms import register_mechanism
 from .prv import _log_expm1_plus
 
 #: Share of δ spent on the far tail of Z_env: P(Z_env > z_max) = TAIL_FRACTION·δ/T per step.
@@ -366,8 +365,6 @@ def subsampled_gaussian_rdp_atoms(sample_rate: float, noise_multipliers: np.ndar
     return out
 
 
-@register_mechanism("hutchinson")
-@register_mechanism("hutchpp")
 def randomized_clipping(noise_multiplier: float, sample_rate: float, sketch_k: int | None, *, delta: float,
                         steps: int) -> list[GaussianMixturePRV]:
     """DP-SGD-RC with k probes (Hutchinson or Hutch++): the Z_env mixture, both directions; the

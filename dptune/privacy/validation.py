@@ -7,19 +7,10 @@ from __future__ import annotations
 
 import math
 
-from ..registry import Registry
 from .mechanisms import MECHANISMS
 
-#: The valid ``norm_estimator`` values: those with an accountant (the registry of mechanisms; the
-#: randomised ones register when first needed, see ``all_mechanisms``).
+#: The valid ``norm_estimator`` values: those with an accountant (the registry of mechanisms).
 NORM_ESTIMATORS = MECHANISMS
-
-
-def all_mechanisms() -> Registry:
-    """``MECHANISMS`` with every built-in mechanism registered (imports the randomised ones, scipy)."""
-    from . import randomized  # noqa: F401  (registers "hutchinson" and "hutchpp")
-
-    return MECHANISMS
 
 
 def check_delta(delta: float) -> float:
@@ -64,7 +55,7 @@ def check_noise_multiplier(noise_multiplier: float) -> float:
 def check_estimator(norm_estimator: str, sketch_k: int | None) -> tuple[str, int | None]:
     """``norm_estimator`` is one of NORM_ESTIMATORS; ``sketch_k`` ≥ 1 is required unless exact."""
     if norm_estimator not in NORM_ESTIMATORS:
-        all_mechanisms().get(norm_estimator)  # ValueError: norm_estimator must be one of …
+        NORM_ESTIMATORS.get(norm_estimator)  # ValueError: norm_estimator must be one of …
     if norm_estimator == "exact":
         if sketch_k is not None:
             raise ValueError("sketch_k must be None when norm_estimator='exact'")

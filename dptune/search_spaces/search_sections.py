@@ -185,6 +185,10 @@ class TrialOptions:
 
 
 SELECTION_MODES = ("nonprivate", "private")
+#: Laws of the number of trials K under private selection (``selection.distribution``; the first is the default).
+DISTRIBUTIONS = ("truncated_negative_binomial", "poisson", "geometric")
+#: The held-out fraction private selection scores on when the spec gives none.
+PRIVATE_VALIDATION_FRACTION = 0.1
 #: ``selection`` keys that only apply to ``mode: private``.
 PRIVATE_SELECTION_KEYS = ("distribution", "mean_trials", "shape", "score_noise")
 
@@ -205,7 +209,7 @@ class Selection:
 
     validation_fraction: float = 0.0
     mode: str = "nonprivate"
-    distribution: str = "truncated_negative_binomial"
+    distribution: str = DISTRIBUTIONS[0]
     mean_trials: float = 10.0
     shape: float | None = None           # truncated_negative_binomial only (default 1)
     score_noise: float = 0.05            # std of the Gaussian noise on validation accuracy
@@ -277,19 +281,17 @@ def _choices(names: Any) -> str:
 
 
 def _trial_value(key: str, value: Any, path: str, catalog: Catalog) -> Any:
-    """One value of a trial option, checked against the catalog's names or its range."""
-    if key in catalog.options and key != "diagnostics":
-        return choice(value, path, list(catalog.options[key]))
-    if key in ("momentum", "weight_decay"):
-        return number(value, path, ge=0)
-    if key == "denoise_kappa":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (1 <= value < float("inf")):
-            raise SpecError(f"{path}: must be a number >= 1 (the RMT gate sits at κ times the noise bulk edge); "
-                            f"got {value!r}")
-        return float(value)
-    if key == "denoise_norm_correction" and not isinstance(value, bool):
-        raise SpecError(f"{path}: must be true or false; got {value!r}")
-    return value
+    """One value of a trial option, checked by the trainer's own rule for it (the catalog's
+    ``check_trial_option``; not checked when the catalog has none)."""
+    if catalog.check_trial_option is None:
+        return value
+    try:
+        return catalog.check_trial_option(key, value)
+    except ValueError as exc:
+        if getattr(exc, "choices", None) is not None:
+            choice(value, path, exc.choices)   # "must be one of null, rmt", as YAML spells None
+        allowed = getattr(exc, "allowed", None)
+        raise SpecError(f"{path}: must be {allowed}; got {value!r}" if allowed else f"{path}: {exc}") from None
 
 
 def _check_options(check: Any, kind: str, value: AxisValue, path: str) -> None:
@@ -361,11 +363,9 @@ def parse_learning_rate(value: Any, catalog: Catalog) -> LearningRate:
 @register_section("pruning", default={}, summary="min_steps, plateau_tol, max_batch_sizes")
 def parse_pruning(value: Any, catalog: Catalog) -> Pruning:
     raw = mapping(value, "pruning", ("min_steps", "plateau_tol", "max_batch_sizes"))
-    d = Pruning()
-    limit = raw.get("max_batch_sizes")
-    return Pruning(integer(raw.get("min_steps", d.min_steps), "pruning.min_steps", ge=1),
-                   number(raw.get("plateau_tol", d.plateau_tol), "pruning.plateau_tol", ge=0),
-                   None if limit is None else integer(limit, "pruning.max_batch_sizes", ge=1))
+    checks = {"min_steps": lambda v, p: integer(v, p, ge=1), "plateau_tol": lambda v, p: number(v, p, ge=0),
+              "max_batch_sizes": lambda v, p: None if v is None else integer(v, p, ge=1)}
+    return Pruning(**{k: checks[k](v, f"pruning.{k}") for k, v in raw.items()})
 
 
 def parse_scheduler(value: Any) -> Scheduler:
@@ -380,12 +380,10 @@ def parse_scheduler(value: Any) -> Scheduler:
         if key in raw and key not in own:
             raise SpecError(f"search.scheduler.{key}: does not apply to scheduler {name}"
                             + (f" (it takes: {', '.join(own)})" if own else ""))
-    d = Scheduler()
-    return Scheduler(name, integer(raw.get("grace_epochs", d.grace_epochs), "search.scheduler.grace_epochs", ge=1),
-                     number(raw.get("reduction_factor", d.reduction_factor), "search.scheduler.reduction_factor",
-                            gt=1),
-                     integer(raw.get("min_samples", d.min_samples), "search.scheduler.min_samples", ge=1),
-                     choice(raw.get("within", d.within), "search.scheduler.within", SCHEDULER_GROUPS))
+    checks = {"grace_epochs": lambda v, p: integer(v, p, ge=1), "reduction_factor": lambda v, p: number(v, p, gt=1),
+              "min_samples": lambda v, p: integer(v, p, ge=1),
+              "within": lambda v, p: choice(v, p, SCHEDULER_GROUPS)}
+    return Scheduler(name, **{k: checks[k](v, f"search.scheduler.{k}") for k, v in raw.items() if k != "name"})
 
 
 @register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler")
@@ -421,41 +419,23 @@ def parse_seeds(value: Any, catalog: Catalog) -> tuple[int, ...]:
 
 @register_section("trial", default={}, summary="trial options: " + ", ".join(TRIAL_OPTIONS))
 def parse_trial(value: Any, catalog: Catalog) -> TrialOptions:
+    """Every option is checked by the trainer's own rule for it (:func:`_trial_value`); a list of
+    values for one of the ``SEARCHED_OPTIONS`` is a search dimension."""
     raw = dict(mapping(value, "trial", TRIAL_OPTIONS))
-    if catalog.train_fields is not None:
-        for key in raw:
-            if key not in catalog.train_fields:
-                raise SpecError(f"trial.{key}: not supported by this build's trainer (it has no {key!r} setting)")
     searched = []
     for key in SEARCHED_OPTIONS:
         if isinstance(raw.get(key), (list, tuple)):
             values = one_or_many(list(raw.pop(key)), f"trial.{key}",
                                  lambda v, p, key=key: _trial_value(key, v, p, catalog))
             searched.append((key, values))
-    for key in [k for k in raw if k in catalog.options or k in ("momentum", "weight_decay", "denoise_kappa",
-                                                                 "denoise_norm_correction")]:
+    for key in raw:
         raw[key] = _trial_value(key, raw[key], f"trial.{key}", catalog)
     if "diagnostics" in raw:
-        names = raw["diagnostics"]
-        allowed = list(catalog.options.get("diagnostics", ()))
-        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n in allowed for n in names):
-            raise SpecError(f"trial.diagnostics: must be a list of names from: {', '.join(allowed) or 'none'} "
-                            f"(NOT private: computed from the clipped gradient before noise); got {names!r}")
-        raw["diagnostics"] = list(names)
-    if raw.get("max_physical_batch_size") is not None:
-        raw["max_physical_batch_size"] = integer(raw["max_physical_batch_size"], "trial.max_physical_batch_size",
-                                                 ge=1)
+        raw["diagnostics"] = list(raw["diagnostics"])
     if "model_options" in raw:
-        if not isinstance(raw["model_options"], Mapping):
-            raise SpecError(f"trial.model_options: must be a mapping of architecture overrides; "
-                            f"got {raw['model_options']!r}")
         raw["model_options"] = dict(raw["model_options"])
-    if "device" in raw:
-        _name(raw["device"], "trial.device")
     estimator = raw.pop("norm_estimator", "exact")
     k = raw.pop("sketch_k", None)
-    if k is not None:
-        k = integer(k, "trial.sketch_k", ge=1)
     estimators = dict(searched).get("norm_estimator", (estimator,))
     try:
         for e in estimators:   # in a searched list, sketch_k is for the randomised estimators
@@ -472,24 +452,28 @@ def parse_trial(value: Any, catalog: Catalog) -> TrialOptions:
 def parse_selection(value: Any, catalog: Catalog) -> Selection:
     raw = mapping(value, "selection", ("validation_fraction", "mode", *PRIVATE_SELECTION_KEYS))
     mode = choice(raw.get("mode", "nonprivate"), "selection.mode", SELECTION_MODES)
-    d = Selection()
     if mode == "nonprivate":
         for key in PRIVATE_SELECTION_KEYS:
             if key in raw:
                 raise SpecError(f"selection.{key}: only applies to selection.mode private")
-        return Selection(number(raw.get("validation_fraction", 0.0), "selection.validation_fraction", ge=0, lt=0.5))
-    fraction = number(raw.get("validation_fraction", 0.1), "selection.validation_fraction", gt=0, lt=0.5)
-    distribution = choice(raw.get("distribution", d.distribution), "selection.distribution",
-                          ("truncated_negative_binomial", "poisson", "geometric"))
-    shape = raw.get("shape")
-    if shape is not None and distribution != "truncated_negative_binomial":
-        raise SpecError(f"selection.shape: only applies to distribution truncated_negative_binomial ({distribution} "
-                        "fixes it)")
-    shape = None if shape is None else number(shape, "selection.shape", ge=0)
-    mean = (number(raw.get("mean_trials", d.mean_trials), "selection.mean_trials", ge=1) if distribution == "poisson"
-            else number(raw.get("mean_trials", d.mean_trials), "selection.mean_trials", gt=1))
-    return Selection(fraction, mode, distribution, mean, shape,
-                     number(raw.get("score_noise", d.score_noise), "selection.score_noise", gt=0, lt=1))
+        return Selection(**({"validation_fraction": number(raw["validation_fraction"], "selection.validation_fraction",
+                                                           ge=0, lt=0.5)} if "validation_fraction" in raw else {}))
+    given = {"mode": mode, "validation_fraction": number(raw.get("validation_fraction", PRIVATE_VALIDATION_FRACTION),
+                                                         "selection.validation_fraction", gt=0, lt=0.5)}
+    if "distribution" in raw:
+        given["distribution"] = choice(raw["distribution"], "selection.distribution", DISTRIBUTIONS)
+    distribution = given.get("distribution", DISTRIBUTIONS[0])
+    if raw.get("shape") is not None:
+        if distribution != "truncated_negative_binomial":
+            raise SpecError(f"selection.shape: only applies to distribution truncated_negative_binomial "
+                            f"({distribution} fixes it)")
+        given["shape"] = number(raw["shape"], "selection.shape", ge=0)
+    if "mean_trials" in raw:   # K ≥ 1 always; the negative binomial and geometric laws need a mean above 1
+        given["mean_trials"] = (number(raw["mean_trials"], "selection.mean_trials", ge=1) if distribution == "poisson"
+                                else number(raw["mean_trials"], "selection.mean_trials", gt=1))
+    if "score_noise" in raw:
+        given["score_noise"] = number(raw["score_noise"], "selection.score_noise", gt=0, lt=1)
+    return Selection(**given)
 
 
 @register_section("dataset_sizes", default={}, summary="training-set sizes N for planning without the data")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
@@ -34,18 +34,19 @@ class Catalog:
 
     ``dataset_size(name, **options)`` returns the training-set size N of a registered dataset
     (q = B/N and T = ⌈E·N/B⌉ depend on it, so it must be the size the trainer will see; the
-    dataset's axis options, e.g. ``data_dir``, are passed when set). ``options`` maps a trial
-    option (``optimizer``, ``clip_fn``, ``norm_estimator``, ``denoise``, ``peft``…) to its allowed
-    values; ``train_fields`` are the trainer's config fields (None: not checked).
-    ``check_backbone(name, options)`` / ``check_dataset(name, options)`` raise a one-line
-    ValueError naming an option the model or dataset builder does not take (None: not checked).
+    dataset's axis options, e.g. ``data_dir``, are passed when set). ``check_trial_option(name,
+    value)`` returns a trial option's value if the trainer's own rule for that option accepts it and
+    otherwise raises a ValueError with ``option`` and ``allowed`` attributes (the trainer's
+    ``OptionError``; an option the trainer does not have is refused the same way); None: trial
+    options are not checked. ``check_backbone(name, options)`` / ``check_dataset(name, options)``
+    raise a one-line ValueError naming an option the model or dataset builder does not take (None:
+    not checked).
     """
 
     datasets: Collection[str]
     backbones: Collection[str]
     dataset_size: Callable[..., int]
-    options: Mapping[str, Collection[object]] = field(default_factory=dict)
-    train_fields: Collection[str] | None = None
+    check_trial_option: Callable[[str, Any], Any] | None = None
     check_backbone: Callable[[str, dict], None] | None = None
     check_dataset: Callable[[str, dict], None] | None = None
 

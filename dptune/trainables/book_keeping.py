@@ -29,7 +29,7 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -346,6 +346,3 @@ def _close(recon: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
     return bool(diff <= COVERAGE_RTOL * torch.maximum(ref.norm(), recon.to(ref.dtype).norm()))
 
 
-def book_keeping_engine(estimator: str) -> Callable[..., BookKeepingEngine]:
-    """A ``NORM_ENGINES`` entry: the book-keeping engine with a fixed weight estimator."""
-    return functools.partial(BookKeepingEngine, estimator=estimator)

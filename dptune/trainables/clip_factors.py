@@ -9,21 +9,18 @@ from typing import Callable
 
 import torch
 
-from ..registry import Registry
+from .registries import CLIP_FNS
 
 ClipFn = Callable[[torch.Tensor, float], torch.Tensor]
-CLIP_FNS: Registry[ClipFn] = Registry("clip_fn")
 #: AUTO-S stability constant γ (Bu et al. 2023, "Automatic clipping").
 AUTO_S_GAMMA = 0.01
 
 
-@CLIP_FNS.register("flat")
 def flat_clip(norms: torch.Tensor, clip_bound: float) -> torch.Tensor:
     """min(1, C/n_i) (Abadi et al. 2016)."""
     return (clip_bound / norms.clamp_min(1e-30)).clamp(max=1.0)
 
 
-@CLIP_FNS.register("auto_s")
 def auto_s_clip(norms: torch.Tensor, clip_bound: float) -> torch.Tensor:
     """C/(n_i + γ): every gradient is normalised (AUTO-S); ‖c_i g_i‖ < C."""
     return clip_bound / (norms + AUTO_S_GAMMA)

@@ -23,8 +23,21 @@ from typing import Mapping, NamedTuple, Sequence
 
 import torch
 
-#: Gate factor κ of the paper: denoise only if λ̃₁ > κ·s(√m+√n).
-DEFAULT_KAPPA = 1.02
+from .config import FIELDS
+
+#: Gate factor κ of the paper (denoise only if λ̃₁ > κ·s(√m+√n)): the default of the trial option.
+DEFAULT_KAPPA = FIELDS["denoise_kappa"].default
+
+
+def every_matrix(name: str) -> bool:
+    """``denoise_scope: all``: every 2-D trainable parameter is denoised."""
+    return True
+
+
+def lora_factors(name: str) -> bool:
+    """``denoise_scope: lora``: only LoRA's factors (peft names them ``…lora_A…``/``…lora_B…``), an
+    ablation of the paper's setting."""
+    return "lora_A" in name or "lora_B" in name
 
 
 def bulk_edge(noise_std: float, m: int, n: int) -> float:

@@ -17,36 +17,17 @@ from torch import nn
 
 from .batching import Inputs, batch_len, micro_batches
 from .clip_factors import CLIP_FNS, clip_factors
-from .denoise import DEFAULT_KAPPA, cosine_diagnostic, rmt_denoise_matrices
+from .denoise import DEFAULT_KAPPA, cosine_diagnostic
 from .norm_stats import class_norm_statistics
 from ..registry import Registry
-from .book_keeping import book_keeping_engine
 from .per_sample import LossFn, VmapNormEngine, check_model, trainable_parameters
+from .registries import DENOISE_SCOPES, DENOISERS, DIAGNOSTICS, NORM_ENGINES
 
-#: Per-sample norm engines by ``norm_estimator``: the book-keeping hook engine with the exact
-#: (ghost / materialised) weight norms or a randomised estimator. All three are accounted for.
-NORM_ENGINES: Registry[Callable[..., object]] = Registry("norm_estimator")
-for _estimator, _weights in (("exact", "ghost"), ("hutchinson", "hutchinson"), ("hutchpp", "hutchpp")):
-    NORM_ENGINES.register(_estimator, book_keeping_engine(_weights))
 #: Implementations of exact per-sample gradients (``per_sample``): ``hooks`` is the default
 #: book-keeping engine, ``vmap`` the whole-model ``torch.func`` reference that tests compare to.
 EXACT_ENGINES: Registry[Callable[..., object]] = Registry("per_sample")
-EXACT_ENGINES.register("hooks", NORM_ENGINES.get("exact"))
+EXACT_ENGINES.register("hooks", NORM_ENGINES.get("exact"))  # noqa
 EXACT_ENGINES.register("vmap", VmapNormEngine)
-#: Gradient denoisers by ``denoise`` name: fn({name: ĝ of a 2-D parameter}, noise std per entry, *, kappa)
-#: -> ({name: denoised matrix}, step statistics). They see the privatised ĝ and nothing per-sample.
-DENOISERS: Registry[Callable[..., tuple[dict[str, torch.Tensor], dict]]] = Registry("denoise")
-DENOISERS.register("rmt", rmt_denoise_matrices)
-#: Which 2-D parameters a denoiser sees (``denoise_scope``), by parameter name: all of them, or the
-#: LoRA factors only (peft names them ``…lora_A…``/``…lora_B…``), an ablation of the paper's setting.
-DENOISE_SCOPES: Registry[Callable[[str], bool]] = Registry("denoise_scope")
-DENOISE_SCOPES.register("all", lambda name: True)
-DENOISE_SCOPES.register("lora", lambda name: "lora_A" in name or "lora_B" in name)
-#: Non-private diagnostics (``diagnostics``). ``denoise_cosine``: per step and 2-D layer, the cosine of
-#: ĝ and of its denoised version to the clipped mean before noise (without ``denoise`` set, of what
-#: ``rmt`` would have made of ĝ; the step itself is left as it is).
-DIAGNOSTICS: Registry[Callable[..., list[dict]]] = Registry("diagnostics")
-DIAGNOSTICS.register("denoise_cosine", cosine_diagnostic)
 
 
 class DPEngine:

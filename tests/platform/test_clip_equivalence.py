@@ -9,6 +9,7 @@ import math
 import pytest
 from ray.tune.search import Searcher
 
+from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
 from dptune.platform.trial_config import unflatten
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
@@ -19,7 +20,7 @@ from dptune.trainables.training import train
 @pytest.fixture
 def catalog():
     return Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: 200,
-                   options={"clip_fn": ("flat", "auto_s")}, train_fields=("clip_fn", "optimizer"))
+                   check_trial_option=check_option)
 
 
 def plan_of(catalog, seeds=(0,), **trial):

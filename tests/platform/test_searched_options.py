@@ -3,13 +3,13 @@ import itertools
 
 from ray.tune.search import Searcher
 
+from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
 from dptune.platform.trial_config import unflatten
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 
 CATALOG = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: 200,
-                  options={"clip_fn": ("flat", "auto_s"), "norm_estimator": ("exact",), "denoise": (None, "rmt")},
-                  train_fields=("clip_fn", "norm_estimator", "sketch_k", "denoise"))
+                  check_trial_option=check_option)
 
 
 def plan(trial: dict):

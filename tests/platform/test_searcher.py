@@ -4,6 +4,7 @@ import math
 import pytest
 from ray.tune.search import Searcher
 
+from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
 from dptune.platform.trial_config import unflatten
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
@@ -13,9 +14,7 @@ from dptune.search_spaces import Catalog, load_spec, plan_sweep
 def catalog() -> Catalog:
     """A toy catalog (N = 200, quick calibrations), as in the search-space tests."""
     return Catalog(datasets=("toy",), backbones=("mlp", "cnn"), dataset_size=lambda name: 200,
-                   options={"optimizer": ("sgd", "adam"), "clip_fn": ("flat",), "norm_estimator": ("exact",),
-                            "denoise": (None,)},
-                   train_fields=("optimizer", "clip_fn", "norm_estimator", "sketch_k", "denoise"))
+                   check_trial_option=check_option)
 
 
 @pytest.fixture

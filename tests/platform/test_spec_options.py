@@ -42,7 +42,7 @@ def test_options_reach_the_cell_label_and_the_trainer_config():
     ({"name": "vit_tiny_patch16_224.augreg_in21k", "lora_rank": 8}, "digits", "peft is film"),
     ({"name": "cnn", "peft": "film"}, "digits", "axes.backbone[0]: model 'cnn' does not take option(s) peft; it takes: width"),
     ({"name": "cnn", "widht": 8}, "digits", "does not take option(s) widht; it takes: width"),
-    ({"name": "hf:all-MiniLM-L6-v2", "peft": "adapter"}, "digits", "peft must be one of film, lora, head, full"),
+    ({"name": "hf:all-MiniLM-L6-v2", "peft": "adapter"}, "digits", "peft must be None or one of film, lora, head, full"),
     ({"peft": "lora"}, "digits", "axes.backbone[0].name: required"),
     ({"name": "vit_huge"}, "digits", "unknown backbone 'vit_huge'; registered: mlp, cnn"),
     ("cnn", {"name": "digits", "max_length": 32}, "axes.dataset: dataset 'digits' does not take option(s) max_length; "

@@ -5,6 +5,7 @@ the few (ε, q, T) used here are calibrated once per session.
 """
 import pytest
 
+from dptune.trainables.config import check_option
 from dptune.search_spaces import Catalog
 
 TOY_N = 200
@@ -13,10 +14,7 @@ TOY_N = 200
 @pytest.fixture
 def catalog() -> Catalog:
     return Catalog(datasets=("toy",), backbones=("mlp", "cnn"), dataset_size=lambda name: TOY_N,
-                   options={"optimizer": ("sgd", "adam"), "clip_fn": ("flat", "auto_s"),
-                            "norm_estimator": ("exact",), "denoise": (None, "rmt")},
-                   train_fields=("optimizer", "momentum", "clip_fn", "norm_estimator", "sketch_k", "denoise",
-                                 "model_options"))
+                   check_trial_option=check_option)
 
 
 def _toy_spec(**overrides) -> dict:

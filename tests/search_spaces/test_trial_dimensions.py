@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from dptune.trainables.config import check_option
 from dptune.platform.catalog import trainables_catalog
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.search_spaces.spec import SpecError
@@ -18,10 +19,8 @@ def cat(catalog):
     """The toy catalog with the trainer's own option names and config fields."""
     from dptune.search_spaces import Catalog
 
-    real = trainables_catalog()
     return Catalog(datasets=catalog.datasets, backbones=catalog.backbones, dataset_size=catalog.dataset_size,
-                   options={**real.options, "norm_estimator": ("exact", "hutchinson")},
-                   train_fields=real.train_fields)
+                   check_trial_option=check_option)
 
 
 def brute_force(trial: dict) -> list[dict]:

