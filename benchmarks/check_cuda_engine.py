@@ -21,6 +21,7 @@ from common import build_case  # noqa: E402
 from per_example_reference import clipped_sum_loop  # noqa: E402
 
 from dptune.trainables.engine import DPEngine  # noqa: E402
+from dptune.trainables.per_sample import VmapNormEngine  # noqa: E402
 
 
 def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -45,8 +46,9 @@ def main() -> int:
         clip = float(norms.median())
         sums, norms = clipped_sum_loop(case.model, case.inputs, case.targets, clip=clip)
         for per_sample in ("hooks", "vmap"):
-            engine = DPEngine(case.model, nn.CrossEntropyLoss(reduction="none"), clip_bound=clip,
-                              noise_multiplier=0.0, expected_batch_size=args.batch, per_sample=per_sample)
+            loss = nn.CrossEntropyLoss(reduction="none")
+            engine = DPEngine(case.model, loss, clip_bound=clip, noise_multiplier=0.0, expected_batch_size=args.batch,
+                              norm_estimator=VmapNormEngine(case.model, loss) if per_sample == "vmap" else "exact")
             try:
                 got, got_norms = engine.clipped_sum(case.inputs, case.targets)
             except Exception as exc:  # noqa: BLE001 - report and go on

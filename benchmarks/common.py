@@ -23,6 +23,7 @@ from torch import nn
 from dptune.trainables import DPEngine
 from dptune.trainables.batching import Inputs, model_outputs
 from dptune.trainables.models import create_model
+from dptune.trainables.per_sample import VmapNormEngine
 
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 #: dptune exact engines benchmarked: the default (book-keeping hooks) and the vmap reference.
@@ -116,8 +117,9 @@ def make_step(method: str, model: nn.Module, inputs: Inputs, targets: torch.Tens
             opt.step()
     elif method.startswith("dptune "):
         variant = method.split()[1]  # exact (book-keeping), two-pass (its memory fallback, forced), vmap
-        engine = DPEngine(model, nn.CrossEntropyLoss(reduction="none"), clip_bound=1.0, noise_multiplier=1.0,
-                          expected_batch_size=batch, per_sample="vmap" if variant == "vmap" else "hooks")
+        loss = nn.CrossEntropyLoss(reduction="none")
+        engine = DPEngine(model, loss, clip_bound=1.0, noise_multiplier=1.0, expected_batch_size=batch,
+                          norm_estimator=VmapNormEngine(model, loss) if variant == "vmap" else "exact")
         if variant == "two-pass":
             engine.norms.max_kept_bytes = 0
 

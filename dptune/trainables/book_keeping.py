@@ -116,8 +116,6 @@ class BookKeepingEngine:
                  generator: torch.Generator | None = None, max_kept_bytes: int | None = None) -> None:
         if estimator not in WEIGHT_NORMS:
             raise ValueError(f"estimator must be one of {', '.join(WEIGHT_NORMS)}; got {estimator!r}")
-        if estimator != "ghost" and (isinstance(sketch_k, bool) or not isinstance(sketch_k, int) or sketch_k < 1):
-            raise ValueError(f"sketch_k must be a whole number >= 1 for estimator {estimator!r}; got {sketch_k!r}")
         self.model = model
         self.loss_fn = loss_fn
         self.ctx = NormContext(estimator, sketch_k, generator)

@@ -15,15 +15,25 @@ carries over to the whole gradient). A layer whose top singular value does not c
 
 It reads only ĝ and s, so it is post-processing of the privatised gradient: no privacy cost.
 Same-shape matrices (an m×n matrix joins the n×m ones, transposed) share one batched SVD.
+
+The engine's parts (:mod:`.engine`): :class:`RMTDenoiser`, the ``rmt`` post-processor with its own
+options (gate κ, norm correction, scope), and :class:`CosineDiagnostic`, the non-private
+``denoise_cosine`` diagnostic. Each builds itself from a trial's config (``from_config``) and
+aggregates its per-step statistics into epoch metrics (``epoch_metrics``).
 """
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 
 import torch
 
-from .config import FIELDS
+from .config import FIELDS, check_option
+from .registries import DENOISE_SCOPES
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .engine import DPStep
 
 #: Gate factor κ of the paper (denoise only if λ̃₁ > κ·s(√m+√n)): the default of the trial option.
 DEFAULT_KAPPA = FIELDS["denoise_kappa"].default
@@ -259,3 +269,68 @@ def epoch_cosine_metrics(steps: Sequence[Sequence[dict]]) -> dict:
             "nonprivate_cos_gate_rate": len(gated) / len(rows) if rows else math.nan,
             "nonprivate_cos_rank": mean([float(r["rank"]) for r in gated]),
             "nonprivate_cos_shrinkage": mean([r["shrinkage"] for r in gated])}
+
+
+class RMTDenoiser:
+    """The ``rmt`` entry of ``DENOISERS``: a post-processor of the privatised gradient that denoises
+    each in-scope 2-D parameter's ĝ (:func:`rmt_denoise_matrices`, noise std σ/B per entry). It sees
+    ĝ and the noise std, nothing per-sample: no privacy cost. ``scope`` names a ``DENOISE_SCOPES``
+    entry (``all``, or ``lora``: the LoRA factors only)."""
+
+    #: The key of its per-step statistics in the engine's step result.
+    key = "denoise"
+
+    def __init__(self, *, kappa: float = DEFAULT_KAPPA, norm_correction: bool = True, scope: str = "all") -> None:
+        for name, value in (("denoise_kappa", kappa), ("denoise_norm_correction", norm_correction)):
+            check_option(name, value)   # the trial options' rules (trainables/config.py)
+        self.kappa, self.norm_correction, self.scope = float(kappa), bool(norm_correction), scope
+        self.in_scope = DENOISE_SCOPES.get(scope)
+
+    @classmethod
+    def from_config(cls, cfg: "TrainConfig") -> "RMTDenoiser":
+        return cls(kappa=cfg.denoise_kappa, norm_correction=cfg.denoise_norm_correction, scope=cfg.denoise_scope)
+
+    def matrices(self, params: Mapping[str, torch.Tensor]) -> list[str]:
+        """The names of the parameters it denoises (2-D, in scope); refuses a scope that selects none."""
+        names = [n for n, p in params.items() if p.dim() == 2 and self.in_scope(n)]
+        if not names:
+            raise ValueError(f"denoise_scope={self.scope!r} selects no 2-D trainable parameter of this model "
+                             f"(allowed: {', '.join(DENOISE_SCOPES)}; 'lora' needs LoRA factors)")
+        return names
+
+    def __call__(self, private: dict[str, torch.Tensor], noise_std: float,
+                 names: Sequence[str]) -> tuple[dict[str, torch.Tensor], dict]:
+        """ĝ with the matrices ``names`` denoised, and the step's statistics."""
+        denoised, stats = rmt_denoise_matrices({n: private[n].detach() for n in names}, noise_std, kappa=self.kappa,
+                                               norm_correction=self.norm_correction)
+        return {**private, **denoised}, stats
+
+    epoch_metrics = staticmethod(epoch_denoise_metrics)
+
+
+class CosineDiagnostic:
+    """The ``denoise_cosine`` entry of ``DIAGNOSTICS`` (NOT private): per step and denoised 2-D layer,
+    cos(ĝ, ḡ) and cos(rmt(ĝ), ḡ) with ḡ the step's clipped sum before noise (:func:`cosine_diagnostic`).
+    When the engine denoises, rmt(ĝ) is the step it took; otherwise ``denoiser`` (the trial's rmt
+    options) says what rmt would have made of ĝ, and the step itself is left as it is."""
+
+    key = "denoise_cosine"
+
+    def __init__(self, denoiser: RMTDenoiser | None = None) -> None:
+        self.denoiser = denoiser or RMTDenoiser()
+
+    @classmethod
+    def from_config(cls, cfg: "TrainConfig") -> "CosineDiagnostic":
+        return cls(RMTDenoiser.from_config(cfg))
+
+    def matrices(self, params: Mapping[str, torch.Tensor]) -> list[str]:
+        return self.denoiser.matrices(params)
+
+    def observe(self, step: "DPStep") -> list[dict]:
+        stats = step.post.get(RMTDenoiser.key)
+        denoised = step.gradient
+        if stats is None:   # a plain step: what rmt would have made of ĝ
+            denoised, stats = self.denoiser(step.private, step.noise_std, self.matrices(step.private))
+        return cosine_diagnostic(step.private, denoised, step.clean, stats["per_layer"])
+
+    epoch_metrics = staticmethod(epoch_cosine_metrics)

@@ -2,7 +2,7 @@
 checks every engine needs.
 
 ``VmapNormEngine`` is the reference the book-keeping engine is tested against (``DPEngine(...,
-per_sample="vmap")``): for one physical micro-batch it returns the per-sample norms over all
+norm_estimator=VmapNormEngine(model, loss_fn))``): for one physical micro-batch it returns the per-sample norms over all
 trainable parameters and the clipped sum Σ_i c_i g_i, materialising every per-sample gradient.
 """
 from __future__ import annotations

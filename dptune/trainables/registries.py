@@ -45,14 +45,14 @@ for _name, _weights in (("exact", "ghost"), ("hutchinson", "hutchinson"), ("hutc
     NORM_ENGINES.register_lazy(_name, f"{_T}book_keeping:BookKeepingEngine", estimator=_weights)
 
 DENOISERS: Registry = Registry("denoise")
-DENOISERS.register_lazy("rmt", f"{_T}denoise:rmt_denoise_matrices")
+DENOISERS.register_lazy("rmt", f"{_T}denoise:RMTDenoiser")
 
 DENOISE_SCOPES: Registry = Registry("denoise_scope")
 DENOISE_SCOPES.register_lazy("all", f"{_T}denoise:every_matrix")
 DENOISE_SCOPES.register_lazy("lora", f"{_T}denoise:lora_factors")
 
 DIAGNOSTICS: Registry = Registry("diagnostics")
-DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}denoise:cosine_diagnostic")
+DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}denoise:CosineDiagnostic")
 
 #: What ``peft`` may train (``finetuning.apply_peft`` implements each).
 PEFT_METHODS = ("film", "lora", "head", "full")

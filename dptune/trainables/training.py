@@ -26,12 +26,12 @@ from .config import TrainConfig
 from .data import DATASETS, load_dataset
 from .splits import DatasetSplits, take
 from .splits import with_validation
-from .denoise import epoch_cosine_metrics, epoch_denoise_metrics
 from .distributed import Workers, baseline_gradient
 from .engine import DPEngine
 from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
 from .optimizers import make_optimizer
+from .registries import DENOISERS, DIAGNOSTICS
 from .sampling import PoissonSampler
 
 
@@ -164,14 +164,14 @@ class Trainer:
         self.probe_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 2)
         self.engine = None
         if cfg.private:
+            # each part of the engine builds itself from the options it owns (DENOISERS, DIAGNOSTICS)
             self.engine = DPEngine(self.model, nn.CrossEntropyLoss(reduction="none"), clip_bound=cfg.clip_bound,
                                    noise_multiplier=self.plan.noise_multiplier, expected_batch_size=cfg.batch_size,
-                                   norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k, denoise=cfg.denoise,
-                                   clip_fn=cfg.clip_fn, max_physical_batch_size=cfg.max_physical_batch_size,
-                                   generator=self.noise_generator, denoise_kappa=cfg.denoise_kappa,
-                                   denoise_norm_correction=cfg.denoise_norm_correction,
-                                   denoise_scope=cfg.denoise_scope, diagnostics=cfg.diagnostics,
-                                   probe_generator=self.probe_generator,
+                                   norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k, clip_fn=cfg.clip_fn,
+                                   max_physical_batch_size=cfg.max_physical_batch_size,
+                                   generator=self.noise_generator, probe_generator=self.probe_generator,
+                                   denoise=None if cfg.denoise is None else DENOISERS.get(cfg.denoise).from_config(cfg),
+                                   diagnostics=[DIAGNOSTICS.get(d).from_config(cfg) for d in cfg.diagnostics],
                                    all_reduce=self.workers.sum if self.workers.size > 1 else None)
         self.step = 0
         self.epoch = 0
@@ -189,9 +189,9 @@ class Trainer:
     def done(self) -> bool:
         return self.step >= self.plan.steps
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict | None, list | None] | None:
-        """One optimizer step on a Poisson batch; returns (norms, labels, denoise statistics or
-        None, the denoise_cosine diagnostic's rows or None) when private."""
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
+        """One optimizer step on a Poisson batch; returns (norms, labels, the engine's step
+        statistics) when private."""
         idx = self.workers.shard(self.sampler.sample(), self.n_train)  # the global batch's part on this worker
         x, y = take(self.data.train, idx)
         x, y = to_device(x, self.device), y.to(self.device)
@@ -199,7 +199,7 @@ class Trainer:
         out = None
         if self.engine is not None:
             stats = self.engine.private_gradient(x, y)
-            out = (stats["norms"].cpu(), y.cpu(), stats.get("denoise"), stats.get("denoise_cosine"))
+            out = (stats["norms"].cpu(), y.cpu(), stats)
             self.optimizer.step()
         elif self.workers.size > 1:  # non-private baseline on W workers: the global batch's mean loss
             if baseline_gradient(self.model, x, y, self.workers):
@@ -214,16 +214,15 @@ class Trainer:
         """Train to the end of the next epoch, evaluate, and return the epoch's metrics."""
         self.epoch += 1
         start = time.perf_counter()
-        norms, labels, denoised, cosines = [], [], [], []
+        norms, labels = [], []
+        parts = {part.key: [] for part in (self.engine.parts if self.engine is not None else [])}
         while self.step < self.epoch_end_step(self.epoch):
             result = self.train_step()
             if result is not None:
                 norms.append(result[0])
                 labels.append(result[1])
-                if result[2] is not None:
-                    denoised.append(result[2])
-                if result[3] is not None:
-                    cosines.append(result[3])
+                for key, steps in parts.items():
+                    steps.append(result[2][key])
             if progress is not None:
                 progress.update(1)
         self.train_time_s += time.perf_counter() - start
@@ -250,10 +249,8 @@ class Trainer:
             # Non-private diagnostic: computed from the private training examples.
             metrics["nonprivate_gradnorms"] = class_norm_statistics(all_norms, all_labels, self.cfg.clip_bound,
                                                                     histogram=True)
-            if self.cfg.denoise is not None:
-                metrics.update(epoch_denoise_metrics(denoised))
-            if "denoise_cosine" in self.cfg.diagnostics:  # NOT private: cosines to the pre-noise clipped mean
-                metrics.update(epoch_cosine_metrics(cosines))
+            for part in self.engine.parts:   # a denoiser's statistics; diagnostics (NOT private)
+                metrics.update(part.epoch_metrics(parts[part.key]))
         else:
             metrics["epsilon_spent"] = math.inf
         return metrics

@@ -14,6 +14,7 @@ from dptune.trainables.book_keeping import BookKeepingEngine
 from dptune.trainables.clip_factors import flat_clip
 from dptune.trainables.layer_rules import prefer_ghost
 from dptune.trainables.models import create_model
+from dptune.trainables.per_sample import VmapNormEngine
 
 from per_example_reference import clipped_sum_loop
 
@@ -193,7 +194,8 @@ def test_sequence_linear_matches_explicit_per_sample_gradients(b, T, d, p):
     x = torch.randn(b, T, d, dtype=torch.float64)
     y = torch.randint(0, 2, (b,))
     clip = 0.1
-    ref = DPEngine(model, LOSS, clip_bound=clip, noise_multiplier=0.0, expected_batch_size=1.0, per_sample="vmap")
+    ref = DPEngine(model, LOSS, clip_bound=clip, noise_multiplier=0.0, expected_batch_size=1.0,
+                   norm_estimator=VmapNormEngine(model, LOSS))
     ours = DPEngine(model, LOSS, clip_bound=clip, noise_multiplier=0.0, expected_batch_size=1.0)
     ref_sums, ref_norms = ref.clipped_sum(x, y)
     sums, norms = ours.clipped_sum(x, y)

@@ -9,10 +9,9 @@ from torch import nn
 from dptune.cli import build_parser
 from dptune.trainables import DPEngine, rmt_denoise
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.denoise import (bbp_inflation, bbp_threshold, bulk_edge, epoch_denoise_metrics,
+from dptune.trainables.denoise import (RMTDenoiser, bbp_inflation, bbp_threshold, bulk_edge, epoch_denoise_metrics,
                                        invert_inflation, optimal_shrinkage, rmt_denoise_batch, rmt_denoise_matrices,
                                        shrink_singular_values)
-from dptune.trainables.engine import DENOISERS
 from dptune.trainables.training import Trainer
 
 
@@ -229,24 +228,23 @@ def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_engine_calls_denoiser_with_only_the_private_gradient_and_noise_std(monkeypatch) -> None:
+def test_engine_calls_denoiser_with_only_the_private_gradient_and_noise_std() -> None:
     calls = []
 
-    def recording(matrices, noise_std, **options):
-        calls.append((matrices, noise_std, options))
-        return dict(matrices), {"layers": len(matrices), "passed_gate": 0, "mean_shrinkage": math.nan,
-                                "mean_rank": math.nan}
+    class Recording(RMTDenoiser):
+        """The rmt denoiser's scope, recording what the engine hands it and returning ĝ as it is."""
 
-    registry = DENOISERS.copy()
-    registry.register("recording", recording)
-    monkeypatch.setattr("dptune.trainables.engine.DENOISERS", registry)
+        def __call__(self, private, noise_std, names):
+            calls.append(({n: private[n] for n in names}, noise_std))
+            return dict(private), {"layers": len(names), "passed_gate": 0, "mean_shrinkage": math.nan,
+                                   "mean_rank": math.nan}
+
     x, y = batch(0)
     plain_model, rec_model = small_model(), small_model()
     engine(plain_model, None).private_gradient(x, y)
-    result = engine(rec_model, "recording", denoise_kappa=1.1).private_gradient(x, y)
+    result = engine(rec_model, Recording(kappa=1.1)).private_gradient(x, y)
     assert len(calls) == 1 and result["denoise"]["layers"] == 2
-    matrices, noise_std, options = calls[0]
-    assert options == {"kappa": 1.1, "norm_correction": True}
+    matrices, noise_std = calls[0]
     assert noise_std == pytest.approx(0.3 / 64)  # s = σ/B
     assert set(matrices) == {"3.weight", "5.weight"}  # the 2-D parameters only
     plain = grads_of(plain_model)
@@ -257,7 +255,7 @@ def test_engine_calls_denoiser_with_only_the_private_gradient_and_noise_std(monk
     # The real denoiser's output is a function of (ĝ, s) alone: applying it to what the recorder
     # received reproduces the engine's gradients.
     rmt_model = small_model()
-    stats = engine(rmt_model, "rmt", denoise_kappa=1.1).private_gradient(x, y)
+    stats = engine(rmt_model, RMTDenoiser(kappa=1.1)).private_gradient(x, y)
     expected, expected_stats = rmt_denoise_matrices(matrices, noise_std, kappa=1.1)
     denoised = grads_of(rmt_model)
     for name in matrices:
@@ -280,9 +278,9 @@ def test_engine_denoises_matrices_and_leaves_other_parameters_untouched() -> Non
     assert any(not torch.equal(rmt[n], plain[n]) for n in ("3.weight", "5.weight"))
 
 
-def test_engine_rejects_kappa_below_one() -> None:
+def test_the_denoiser_rejects_kappa_below_one() -> None:
     with pytest.raises(ValueError, match="denoise_kappa"):
-        engine(small_model(), "rmt", denoise_kappa=0.5)
+        RMTDenoiser(kappa=0.5)
 
 
 # --- config, trainer, CLI -----------------------------------------------------------------------------
@@ -300,7 +298,7 @@ def test_trainer_reports_denoise_metrics_per_epoch() -> None:
                       epochs=0.5, learning_rate=1.0, denoise="rmt", denoise_kappa=1.05, device="cpu",
                       model_options={"hidden": 32, "depth": 1})
     trainer = Trainer(cfg)
-    assert trainer.engine.denoise_kappa == 1.05
+    assert trainer.engine.denoiser.kappa == 1.05
     metrics = trainer.run_epoch()
     assert 0 <= metrics["denoise_gate_rate"] <= 1
     if metrics["denoise_gate_rate"] > 0:

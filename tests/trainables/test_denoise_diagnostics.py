@@ -13,7 +13,7 @@ from dptune.cli import build_parser
 from dptune.platform.records import epoch_rows
 from dptune.trainables import DPEngine, rmt_denoise
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.denoise import COSINE_METRICS, epoch_cosine_metrics, rmt_denoise_matrices
+from dptune.trainables.denoise import COSINE_METRICS, RMTDenoiser, epoch_cosine_metrics, rmt_denoise_matrices
 from dptune.trainables.training import Trainer
 
 C, B = 1.0, 64
@@ -171,7 +171,7 @@ def test_lora_scope_denoises_only_lora_factors() -> None:
     x, y = batch()
     plain, scoped, every = LoraToy(), LoraToy(), LoraToy()
     make_engine(plain, sigma=0.02).private_gradient(x, y)
-    r_scoped = make_engine(scoped, sigma=0.02, denoise="rmt", denoise_scope="lora").private_gradient(x, y)
+    r_scoped = make_engine(scoped, sigma=0.02, denoise=RMTDenoiser(scope="lora")).private_gradient(x, y)
     r_every = make_engine(every, sigma=0.02, denoise="rmt").private_gradient(x, y)
     assert (r_scoped["denoise"]["layers"], r_every["denoise"]["layers"]) == (2, 3)
     assert torch.equal(scoped.head.weight.grad, plain.head.weight.grad)  # out of scope: left as ĝ
@@ -183,9 +183,9 @@ def test_lora_scope_denoises_only_lora_factors() -> None:
 
 def test_bad_ablation_values_are_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"^denoise_scope='lora' selects no 2-D trainable parameter"):
-        make_engine(small_model(), denoise="rmt", denoise_scope="lora")
+        make_engine(small_model(), denoise=RMTDenoiser(scope="lora"))
     with pytest.raises(ValueError, match="denoise_scope"):
-        make_engine(small_model(), denoise="rmt", denoise_scope="attention")
+        make_engine(small_model(), denoise=RMTDenoiser(scope="attention"))
     with pytest.raises(ValueError, match="diagnostics"):
         make_engine(small_model(), diagnostics=["cosine"])
     for bad, field in [({"denoise_kappa": 0.9}, "denoise_kappa"), ({"denoise_kappa": math.inf}, "denoise_kappa"),
