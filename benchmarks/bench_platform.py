@@ -28,15 +28,30 @@ AGGREGATE = ("SELECT dataset, backbone, epsilon, count(*) AS n, max(accuracy) AS
              "FROM trials GROUP BY dataset, backbone, epsilon ORDER BY dataset, backbone, epsilon")
 
 
-def trivial_trainable(config: dict) -> None:
-    """Does no training: one report with a checkpoint, as a one-epoch trial would (and notes when
-    it started, in the folder its config names)."""
-    import os
-    stamps = config["trial"]["meta"]["stamps"]
-    with open(os.path.join(stamps, str(config["trial"]["train"]["seed"])), "w") as f:
-        f.write(repr(time.time()))
-    tune_adapter.report({"accuracy": 0.5, "loss": 1.0, "epsilon_spent": 1.0, "epoch": 1},
-                        state={"history": [{"epoch": 1, "accuracy": 0.5, "loss": 1.0}]})
+def trivial_trainable(stamps: str):
+    """A trainable that does no training: one report with a checkpoint, as a one-epoch trial would
+    (and notes when it started, in ``stamps``)."""
+    def trivial(config: dict) -> None:
+        import os
+        with open(os.path.join(stamps, str(config["seed"])), "w") as f:
+            f.write(repr(time.time()))
+        tune_adapter.report({"accuracy": 0.5, "loss": 1.0, "epsilon_spent": 1.0, "epoch": 1, "step": config["steps"],
+                             "steps": config["steps"]},
+                            state={"history": [{"epoch": 1, "accuracy": 0.5, "loss": 1.0}]})
+    return trivial
+
+
+def trivial_plan(n_trials: int):
+    """A plan of ``n_trials`` trials of one configuration (one seed each), built as a sweep builds it."""
+    from dptune.platform import spec_sections  # noqa: F401
+    from dptune.platform.catalog import trainables_catalog
+    from dptune.search_spaces import load_spec, plan_sweep
+
+    spec = {"axes": {"epsilon": 1.0, "backbone": "mlp", "dataset": "digits", "epochs": 1}, "clip_bound": [1.0],
+            "batch_size": [64], "learning_rate": {"reference": 1.0, "reference_batch_size": 64},
+            "seeds": list(range(n_trials))}
+    catalog = trainables_catalog()
+    return plan_sweep(load_spec(spec, catalog), catalog, workers=1)
 
 
 def platform_overhead(n_trials: int) -> tuple[float, float, float]:
@@ -45,15 +60,15 @@ def platform_overhead(n_trials: int) -> tuple[float, float, float]:
 
     import ray
 
-    from dptune.platform.launcher import RunSettings, run_trials, start_ray
+    from dptune.platform.launcher import RunSettings, start_ray
+    from dptune.platform.sweep import run_sweep
 
+    plan = trivial_plan(n_trials)
     start_ray(num_cpus=2)
     with tempfile.TemporaryDirectory() as storage, tempfile.TemporaryDirectory() as stamps:
-        trials = [{"train": {"dataset": "digits", "model": "mlp", "epsilon": 1.0, "seed": i},
-                   "meta": {"cell": "c", "stamps": stamps}} for i in range(n_trials)]
         settings = RunSettings(experiment="overhead", storage=storage, verbose=0, max_failures=0)
         begin, start = time.time(), time.perf_counter()
-        run_trials(trials, settings, trainable=trivial_trainable)
+        run_sweep(plan, settings, trainable=trivial_trainable(stamps))
         elapsed = time.perf_counter() - start
         assert len(ResultsStore(settings.paths.store).table("trials")) == n_trials
         started = sorted(float(open(os.path.join(stamps, name)).read()) for name in os.listdir(stamps))

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from dptune.platform.catalog import trainables_catalog
+from dptune.platform.trial_config import train_config
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import Trainer, evaluate, train
@@ -51,7 +52,7 @@ def private_selection(cell) -> dict:
     """Run a cell's K draws; the best noisy validation score's model is tested once."""
     best, best_key = None, None
     for k in range(len(cell.draws)):
-        trainer = Trainer(TrainConfig.from_dict(cell.draw_config(k)["train"]))
+        trainer = Trainer(train_config(cell.draw_config(k)))
         metrics = {}
         while not trainer.done:
             metrics = trainer.run_epoch()
@@ -71,8 +72,8 @@ def nonprivate_selection(cell, seed: int) -> dict:
     """Every configuration of the pruned space at the per-trial σ; best raw validation accuracy."""
     runs = []
     for c, b, m in cell.grid:
-        train_cfg = dict(cell.trial_config(c, b, m, seed)["train"], split_seed=seed)
-        last = train(TrainConfig.from_dict(train_cfg), progress=False)[-1]
+        train_cfg = dict(cell.trial_config(c, b, m, seed), split_seed=seed)
+        last = train(train_config(train_cfg), progress=False)[-1]
         runs.append((last["validation_accuracy"], last["test_accuracy"], (c, b, m)))
     val, test, config = max(runs, key=lambda r: r[0])
     return {"configurations": len(runs), "test_accuracy": test, "validation_accuracy": val,

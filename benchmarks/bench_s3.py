@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from bench_platform import AGGREGATE, synthetic_trials, timed_query, trivial_trainable
+from bench_platform import AGGREGATE, synthetic_trials, timed_query, trivial_plan, trivial_trainable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "platform"))
 from s3_server import SeaweedS3  # noqa: E402  (the tests' SeaweedFS helper)
@@ -35,15 +35,15 @@ from dptune.platform.store import ResultsStore  # noqa: E402
 
 def platform_overhead(storage: str, n_trials: int) -> float:
     """Wall seconds for ``n_trials`` trivial trials with Ray's storage and the store under ``storage``."""
-    from dptune.platform.launcher import RunSettings, run_trials
+    from dptune.platform.launcher import RunSettings
+    from dptune.platform.sweep import run_sweep
 
+    plan = trivial_plan(n_trials)
     with tempfile.TemporaryDirectory() as stamps:   # where the trivial trials note when they started
-        trials = [{"train": {"dataset": "digits", "model": "mlp", "epsilon": 1.0, "seed": i},
-                   "meta": {"cell": "c", "stamps": stamps}} for i in range(n_trials)]
         settings = RunSettings(experiment=f"overhead-{uuid.uuid4().hex[:8]}", storage=storage, verbose=0,
                                max_failures=0)
         start = time.perf_counter()
-        run_trials(trials, settings, trainable=trivial_trainable)
+        run_sweep(plan, settings, trainable=trivial_trainable(stamps))
         elapsed = time.perf_counter() - start
     trials = ResultsStore(settings.paths.store).table("trials")
     assert len(trials) == n_trials and (trials.status == "finished").all(), trials.status.value_counts()

@@ -44,12 +44,12 @@ SAMPLER_SEEDS = range(10)
 _data = None
 
 
-def _train(train: dict) -> tuple[float, float]:
+def _train(config: dict) -> tuple[float, float]:
     """Final test accuracy and wall time of one trial (in a worker process)."""
     global _data
     import torch
 
-    from dptune.trainables.config import TrainConfig
+    from dptune.platform.trial_config import train_config
     from dptune.trainables.data import load_dataset
     from dptune.trainables.training import train as run
 
@@ -57,13 +57,13 @@ def _train(train: dict) -> tuple[float, float]:
     if _data is None:
         _data = load_dataset("digits", seed=0)
     start = time.perf_counter()
-    history = run(TrainConfig.from_dict(train), progress=False, data=_data)
+    history = run(train_config(config), progress=False, data=_data)
     return history[-1]["accuracy"], time.perf_counter() - start
 
 
 def key(trial: dict) -> tuple[str, float, int, float]:
-    return (trial["meta"]["cell"], trial["train"]["clip_bound"], trial["train"]["batch_size"],
-            trial["meta"]["lr_multiplier"])
+    return (trial["cell"], trial["clip_bound"], trial["batch_size"],
+            trial["lr_multiplier"])
 
 
 def plan(catalog, **sections):
@@ -84,7 +84,6 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
     from ray.tune.search import Searcher
 
     from dptune.platform.searcher import SweepSearcher
-    from dptune.platform.trial_config import unflatten
 
     hits: dict[str, list[float]] = {cell: [] for cell in targets}
     for seed in SAMPLER_SEEDS:
@@ -94,7 +93,7 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
         first = {cell: float("inf") for cell in targets}
         i = 0
         while (config := searcher.suggest(str(i))) != Searcher.FINISHED:
-            k = key(unflatten(config))
+            k = key(config)
             seen[k[0]] += 1
             if accuracy[k] >= targets[k[0]] and first[k[0]] == float("inf"):
                 first[k[0]] = seen[k[0]]
@@ -122,11 +121,11 @@ def main() -> None:
         print(cell.cell.key + "\n" + cell.batches.to_string(index=False), flush=True)
     start = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outcomes = list(pool.map(_train, [t["train"] for t in trials]))
+        outcomes = list(pool.map(_train, trials))
     elapsed = time.perf_counter() - start
     accuracy = {key(t): acc for t, (acc, _) in zip(trials, outcomes)}
     best_key = max(accuracy, key=accuracy.get)
-    again, _ = _train(next(t for t in trials if key(t) == best_key)["train"])
+    again, _ = _train(next(t for t in trials if key(t) == best_key))
     assert again == accuracy[best_key], f"training is not deterministic: {again} != {accuracy[best_key]}"
 
     cells = [c.cell.key for c in full]

@@ -5,12 +5,11 @@ import os
 
 from ray import tune
 
-from ..trainables.config import TrainConfig
 from .kept import KEPT, config_id
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
 from .store import ResultsStore, first_line, retrying
-from .trial_config import unflatten
+from .trial_config import resolved
 from .tune_adapter import checkpoint_state
 
 
@@ -62,7 +61,7 @@ class StoreCallback(tune.Callback):
                               f"({first_line(exc)})")
         history = state["history"] if state else []
         last["history"] = history
-        row = trial_row(trial.trial_id, resolved(unflatten(trial.config)), last, status=status, error=error,
+        row = trial_row(trial.trial_id, resolved(trial.config), last, status=status, error=error,
                         experiment=self.paths.name)
         row["config_id"] = config_id(trial.config)
         self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
@@ -74,15 +73,6 @@ def stopped_early(last: dict | None) -> bool:
     last = last or {}
     step, steps = last.get("step"), last.get("steps")
     return step is not None and steps is not None and int(step) < int(steps)
-
-
-def resolved(spec: dict) -> dict:
-    """The trial spec with every training default filled in (stored with each row); a config the
-    trainer refuses is kept as given, so its errored row still shows what was asked."""
-    try:
-        return {**spec, "train": TrainConfig.from_dict(spec["train"]).to_dict()}
-    except (TypeError, ValueError):
-        return spec
 
 
 def _error_message(trial: "tune.experiment.Trial") -> str:

@@ -14,17 +14,17 @@ import json
 
 import pandas as pd
 
-from .callbacks import resolved
 from .kept import config_id
 from .layout import ExperimentPaths
 from .store import ResultsStore, to_json
-from .trial_config import flatten
+from .trial_config import resolved
 
 LOG_FILE = "dptune-equivalent.json"
 
 
 class EquivalenceLog:
-    """Keeps the searcher's equivalent trials in ``<experiment>/dptune-equivalent.json`` (picklable)."""
+    """Keeps the searcher's equivalent trials (``{"source": Ray trial id, "config": trial config}``)
+    in ``<experiment>/dptune-equivalent.json`` (picklable)."""
 
     def __init__(self, paths: ExperimentPaths) -> None:
         self.paths = paths
@@ -58,14 +58,14 @@ def write_equivalent_rows(paths: ExperimentPaths) -> int:
     epochs = store.table("epochs")
     written = 0
     for e in equivalents:
-        source, spec = e["source"], e["spec"]
+        source, config = e["source"], e["config"]
         if source not in trials.index or trials.loc[source, "status"] != "finished":
             continue
-        c = float(spec["train"]["clip_bound"])
+        c = float(config["clip_bound"])
         row = {k: _plain(v) for k, v in trials.loc[source].items() if k != "written_at"}
         row.update(trial_id=equivalent_id(source, c), status="equivalent", clip_bound=c, equivalent_to=source,
-                   clip_equivalence_nonprivate=True, config_json=to_json(resolved(spec)),
-                   config_id=config_id(flatten(spec)))  # its own configuration, not its source's
+                   clip_equivalence_nonprivate=True, config_json=to_json(resolved(config)),
+                   config_id=config_id(config))  # its own configuration, not its source's
         curve = [{k: _plain(v) for k, v in r.items() if k not in ("trial_id", "written_at")}
                  for r in epochs[epochs.trial_id == source].to_dict("records")]
         store.write_trial(row, curve)

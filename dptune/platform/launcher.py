@@ -164,13 +164,3 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
 logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 # Checkpointing every epoch of many short trials is the point; Ray's warning about it is noise.
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-
-
-def run_trials(trials: list[dict], settings: RunSettings,
-               trainable: Callable[[dict], None] = dp_trainable) -> tune.ResultGrid:
-    """Run an explicit list of trial specs ({"train": …, "meta": …}), one Ray Tune trial each
-    (``trainable`` replaces the DP trainable only to measure the platform's own overhead)."""
-    tuner = tune.Tuner(resourced(settings, trainable), param_space={"trial": tune.grid_search(trials)},
-                       tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=max_concurrent(settings)),
-                       run_config=run_config(settings))
-    return tuner.fit()

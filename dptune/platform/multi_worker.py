@@ -31,7 +31,6 @@ from ray import tune
 from ..trainables.training import TrialDiverged, check_workers, divergence
 from . import tune_adapter
 from .trainable import epoch_report, planned_trainer, run_state
-from .trial_config import unflatten
 
 logging.getLogger("ray.train").setLevel(logging.WARNING)
 
@@ -51,7 +50,7 @@ class WorkerSpec:
 
     def workers_for(self, config: dict) -> int:
         """W for one trial's flat config (1 below ``from_batch_size``)."""
-        batch = unflatten(config)["train"].get("batch_size")
+        batch = config.get("batch_size")
         if self.from_batch_size is not None and batch is not None and int(batch) < self.from_batch_size:
             return 1
         return self.workers
@@ -135,7 +134,7 @@ def _worker_loop(loop_config: dict) -> None:
     _quiet_reports()
     config = loop_config["config"]
     workers = ProcessGroupWorkers()
-    if unflatten(config)["train"].get("device", "auto") in ("auto", "cuda") and torch.cuda.is_available():
+    if config.get("device", "auto") in ("auto", "cuda") and torch.cuda.is_available():
         device = ray.train.torch.get_device()
         torch.cuda.set_device(device)
         config = {**config, "device": str(device)}

@@ -8,7 +8,6 @@ import time
 from ray import tune
 
 from .callbacks import stopped_early
-from .trial_config import unflatten
 
 
 class TrialLines(tune.Callback):
@@ -30,11 +29,7 @@ class TrialLines(tune.Callback):
 
     def _line(self, trial: "tune.experiment.Trial", status: str) -> None:
         self.ended += 1
-        try:
-            spec = unflatten(trial.config)
-            train, meta = spec.get("train", {}), spec.get("meta", {})
-        except Exception:  # an unexpected config shape must not break the sweep's log
-            train, meta = {}, {}
+        train = meta = trial.config if isinstance(trial.config, dict) else {}
         last = trial.last_result or {}
         count = f"{self.ended}/{self.total}" if self.total else str(self.ended)
         parts = [f"[{count}]", f"{status:<8}", str(meta.get("cell", trial.trial_id))]

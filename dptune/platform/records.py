@@ -15,19 +15,18 @@ EPOCH_FIELDS = ("epoch", "step", "accuracy", "loss", "epsilon_spent", "clipped_f
 
 def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, error: str | None = None,
               experiment: str = "") -> dict:
-    """One ``trials`` row: axes, hyperparameters, privacy figures, final results, status, config."""
-    train = config["train"]
-    meta = config.get("meta", {})
+    """One ``trials`` row from a trial's flat config (:mod:`.trial_config`) and last result: axes,
+    hyperparameters, privacy figures, final results, status, the config itself."""
     last = last or {}
     row = {"trial_id": trial_id, "experiment": experiment, "status": status, "error": error,
-           "cell": meta.get("cell"), "backbone": train.get("model")}
-    row.update({k: train.get(k) for k in AXES + HYPERPARAMETERS})
+           "cell": config.get("cell")}
+    row.update({k: config.get(k) for k in AXES + HYPERPARAMETERS})
     # backbone and dataset with their options (the cell's labels), e.g. bbc_news[max_length=32]
-    row["backbone"] = meta.get("backbone_label") or row["backbone"]
-    row["dataset"] = meta.get("dataset_label") or row["dataset"]
-    row["private"] = math.isfinite(float(train.get("epsilon", math.inf)))
+    row["backbone"] = config.get("backbone_label") or config.get("model")
+    row["dataset"] = config.get("dataset_label") or row["dataset"]
+    row["private"] = math.isfinite(float(config.get("epsilon", math.inf)))
     for k in ("noise_multiplier", "sample_rate", "steps", "noise_sqrt_steps"):
-        row[k] = last.get(k, meta.get(k))
+        row[k] = last.get(k, config.get(k))
     row["step"], row["fully_clipped"] = last.get("step"), last.get("fully_clipped")
     history = last.get("history", [])
     final = history[-1] if history else last  # the checkpointed history is authoritative
@@ -41,9 +40,9 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     # private selection: K, this draw, per-trial and total ε, the noisy score; the selected trial's
     # row is rewritten with selected = true and its test accuracy (platform/selection.py)
     for k in SELECTION_FIELDS:
-        row[k] = meta.get(k)
+        row[k] = config.get(k)
     row["selection_score"] = final.get("selection_score")
-    row["selected"] = False if meta.get("selection_k") is not None else None
+    row["selected"] = False if config.get("selection_k") is not None else None
     row["config_json"] = to_json(config)
     return row
 

@@ -2,8 +2,7 @@
 
 Use it as ``TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max"), num_samples=-1)``.
 Each suggested Ray Tune config is the flat config of a trial (:mod:`.trial_config`: C, B, η, ε,
-δ, epochs, backbone, dataset and the trial options as top-level keys), or ``{config_key:
-trial_spec}`` when a ``config_key`` is given. It hands
+δ, epochs, model, dataset, the trial options and the plan's figures as top-level keys). It hands
 out the trials of the first cell, then the next, and returns ``Searcher.FINISHED`` when every
 cell's configurations are out. Every configuration runs once per training seed; the searcher
 sees the mean over seeds. Under private selection (``selection.mode: private``) a cell hands out
@@ -35,7 +34,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ray.tune.search import Searcher
 
-from .trial_config import flatten
 
 if TYPE_CHECKING:
     from ..search_spaces.planner import SweepPlan
@@ -86,16 +84,15 @@ class SweepSearcher(Searcher):
     """Hands out the trials of a :class:`SweepPlan` to Ray Tune (see the module docstring)."""
 
     def __init__(self, plan: "SweepPlan", *, metric: str = "accuracy", mode: str = "max",
-                 config_key: str | None = None, clip_equivalence: bool = True,
+                 clip_equivalence: bool = True,
                  on_equivalent: Optional[Callable[[list[dict]], None]] = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.plan = plan
-        self.config_key = config_key
         self.clip_equivalence = clip_equivalence
         self.on_equivalent = on_equivalent                 # called with the equivalents found so far
         self._chains: dict[int, list[_Chain]] = {}         # grid cells with clip-equivalence
         self._seeds: dict[str, int] = {}                   # Ray trial id → training seed
-        #: trials recorded, not trained: {"source": Ray trial id, "spec": trial spec} (see chained)
+        #: trials recorded, not trained: {"source": Ray trial id, "config": trial config} (see chained)
         self.equivalents: list[dict] = []
         self._cursor = 0                                   # the cell handing out trials
         self._issued = [0] * len(plan.cells)               # configurations handed out per cell
@@ -117,8 +114,8 @@ class SweepSearcher(Searcher):
             return Searcher.FINISHED if done else None     # None: waiting for a larger C (clip-equivalence)
         config, pid = self._pending.popleft()
         self._trials[trial_id] = pid
-        self._seeds[trial_id] = int(config["train"]["seed"])
-        return flatten(config) if self.config_key is None else {self.config_key: config}
+        self._seeds[trial_id] = int(config["seed"])
+        return config
 
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
         pid = self._trials.pop(trial_id, None)
@@ -202,7 +199,7 @@ class SweepSearcher(Searcher):
         for c in chain.remaining:
             for seed, (source, _) in sorted(proposal.clipped.items()):
                 self.equivalents.append({"source": source,
-                                         "spec": cell.trial_config(c, chain.batch_size, chain.multiplier, seed)})
+                                         "config": cell.trial_config(c, chain.batch_size, chain.multiplier, seed)})
             indices = (cell.clip_bounds.index(c), proposal.indices[1], proposal.indices[2])
             self._finished[proposal.cell][indices] = mean
         self._issued[proposal.cell] += len(chain.remaining)

@@ -15,12 +15,11 @@ from typing import Iterable, TextIO
 
 from ..trainables.config import TrainConfig
 from ..trainables.training import Trainer, evaluate
-from .callbacks import resolved
 from .kept import config_id
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
 from .store import ResultsStore
-from .trial_config import unflatten
+from .trial_config import resolved
 from .tune_adapter import checkpoint_state
 
 
@@ -38,7 +37,7 @@ def release_selections(results: Iterable, paths: ExperimentPaths, *, out: TextIO
     now). The scores come from the store (written as each trial ended, so a resumed sweep's kept trials
     count too); the winner's model from its checkpoint in ``results`` (Ray Tune's ResultGrid)."""
     by_config = {config_id(r.config): r for r in results}
-    if not any(unflatten(r.config).get("meta", {}).get("selection_k") is not None for r in by_config.values()):
+    if not any(r.config.get("selection_k") is not None for r in by_config.values()):
         return []
     store = ResultsStore(paths.store)
     rows = store.query("SELECT * FROM trials WHERE selection_k IS NOT NULL")
@@ -60,7 +59,7 @@ def release_selections(results: Iterable, paths: ExperimentPaths, *, out: TextIO
                   "nothing released", file=out)
             continue
         history = state["history"]
-        row = trial_row(best.trial_id, resolved(unflatten(result.config)), {**result.metrics, "history": history},
+        row = trial_row(best.trial_id, resolved(result.config), {**result.metrics, "history": history},
                         status="finished", experiment=paths.name)
         row["config_id"] = best.config_id
         row.update(selected=True, test_accuracy=selected_test_accuracy(state))

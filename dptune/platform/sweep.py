@@ -34,9 +34,13 @@ DEFAULT_SPEC = Path(__file__).with_name("specs") / "default.yaml"
 
 @dataclass
 class SweepOutcome:
+    """What a sweep (or its resume) ended with: where, how many trials finished or errored, and
+    Ray Tune's results (each trial's config, last result and checkpoint)."""
+
     paths: ExperimentPaths
     finished: int
     errored: int
+    results: tune.ResultGrid | None = None
 
 
 def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool = True,
@@ -155,7 +159,7 @@ def _outcome(results: tune.ResultGrid, settings: RunSettings, out: TextIO = sys.
     write_equivalent_rows(settings.paths.absolute())   # clip-equivalent trials: recorded, not trained
     release_selections(results, settings.paths.absolute(), out=out)   # private selection: best trial, tested once
     errored = sum(r.error is not None for r in results)  # stopped trials count as finished here
-    return SweepOutcome(settings.paths, len(results) - errored, errored)
+    return SweepOutcome(settings.paths, len(results) - errored, errored, results)
 
 
 def summary_table(store: str) -> str:

@@ -1,7 +1,7 @@
 """The Ray Tune function trainable: one DP training run per trial, checkpointed every epoch.
 
-A trial's Ray Tune config is flat (:mod:`.trial_config`): the training config's fields (``model``
-as ``backbone``) and the plan's figures as top-level keys. The trainable resumes from its latest
+A trial's Ray Tune config is flat (:mod:`.trial_config`): the training config's fields and the
+plan's figures as top-level keys, read as they are. The trainable resumes from its latest
 checkpoint (weights, optimizer, sampler/noise/torch RNG states, step, history), so a restored
 trial ends exactly as an uninterrupted one would. The loop is :meth:`Trainer.fit`; this module
 only turns each epoch into a Tune report. Reports carry scalar metrics only; the per-epoch
@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ..trainables.config import TrainConfig
 from ..trainables.training import Trainer
 from . import tune_adapter
-from .trial_config import unflatten
+from .trial_config import plan_figures, train_config
 
 
 def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
@@ -35,9 +34,8 @@ def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None)
 def planned_trainer(config: dict, **options: object) -> Trainer:
     """The Trainer of a trial's flat config, refused if its precomputed σ was planned for another
     q or T (:func:`check_plan`). ``options`` go to the Trainer (e.g. its workers)."""
-    spec = unflatten(config)
-    trainer = Trainer(TrainConfig.from_dict(spec["train"]), **options)
-    check_plan(spec.get("meta", {}), trainer)
+    trainer = Trainer(train_config(config), **options)
+    check_plan(plan_figures(config), trainer)
     return trainer
 
 
@@ -46,10 +44,10 @@ def run_state(trainer: Trainer, history: list[dict]) -> dict:
     return {"trainer": trainer.state_dict(), "history": history}
 
 
-def check_plan(meta: dict, trainer: Trainer) -> None:
+def check_plan(planned: dict, trainer: Trainer) -> None:
     """Refuse a trial whose precomputed σ was planned for another q or T (e.g. a wrong dataset
     size): training with it would silently break the stated ε."""
-    plan = trainer.plan
+    plan, meta = trainer.plan, planned
     if "steps" in meta and int(meta["steps"]) != plan.steps or \
             "sample_rate" in meta and not math.isclose(float(meta["sample_rate"]), plan.sample_rate, rel_tol=1e-9):
         raise ValueError(f"the trial was planned for q={meta.get('sample_rate')}, T={meta.get('steps')} but trains "

@@ -9,10 +9,10 @@ from . import search_sections as _search_sections  # noqa: F401  (registers the 
 from .batches import MIN_STEPS, PLATEAU_TOL, batch_plan, prune_batches
 from .noise_table import NoiseRequest, calibrate_many
 from .plan_table import format_plan
-from .planner import META_FIELDS, Cell, CellPlan, SweepPlan, plan_sweep
+from .planner import PLAN_FIELDS, Cell, CellPlan, SweepPlan, plan_sweep
 from .search_sections import SearchSpace
 from .spec import Catalog, Spec, SpecError, load_spec, register_check, register_section
 
 __all__ = ["MIN_STEPS", "PLATEAU_TOL", "batch_plan", "prune_batches", "NoiseRequest", "calibrate_many",
-           "META_FIELDS", "Cell", "CellPlan", "SweepPlan", "plan_sweep", "format_plan", "SearchSpace", "Catalog",
+           "PLAN_FIELDS", "Cell", "CellPlan", "SweepPlan", "plan_sweep", "format_plan", "SearchSpace", "Catalog",
            "Spec", "SpecError", "load_spec", "register_check", "register_section"]

@@ -5,10 +5,11 @@ get σ from the accountant (all cells calibrated together, deduplicated, in para
 by the minimum-step and σ√T plateau rules, and at most ``max_batch_sizes`` kept B, spread across
 the plateau (:func:`~.batches.spread`), are searched with the C grid and η(B) = η_ref·√(B/B_ref)·m.
 
-A **trial spec** is ``{"train": …, "meta": …}`` (the platform's trial layout): ``train`` is a
-valid ``TrainConfig`` mapping, including the cell's axes and the precomputed ``noise_multiplier``
-so a trial never recalibrates; ``meta`` carries the cell id, the privacy figures q, T and σ√T
-(:data:`META_FIELDS`) for the results store, and the η multiplier.
+A **trial config** is one flat mapping, the one Ray Tune hands to the trainable: the fields of
+the trainer's ``TrainConfig`` (the cell's axes, C, B, η, the seed and the precomputed
+``noise_multiplier``, so a trial never recalibrates), plus the plan's figures
+(:data:`PLAN_FIELDS`: the cell id, q and T, which the trainer checks against its own, σ√T, the η
+multiplier, the axis labels and, under private selection, the selection's figures).
 """
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ from .noise_table import NoiseRequest, calibrate_many
 from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
 from .spec import Catalog, Spec
 
-#: Keys of a trial spec's ``meta`` part (``backbone_label``/``dataset_label``: the axis values with
-#: their options, as the cell names them).
-META_FIELDS = ("cell", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "lr_multiplier",
-               "backbone_label", "dataset_label", *("selection_k", "selection_draw", "trial_epsilon", "total_epsilon"))
-#: Private selection (``selection.mode: private``): K drawn in the cell, this trial's draw (0-based),
-#: the per-trial ε (training + noisy score) and the repeat-and-select total, both at the cell's δ.
+#: Keys of a trial config that are the plan's figures, not training options (``backbone_label`` /
+#: ``dataset_label``: the axis values with their options, as the cell names them). Under private
+#: selection (``selection.mode: private``): K drawn in the cell, this trial's draw (0-based), the
+#: per-trial ε (training + noisy score) and the repeat-and-select total, both at the cell's δ.
+PLAN_FIELDS = ("cell", "sample_rate", "steps", "noise_sqrt_steps", "lr_multiplier", "backbone_label",
+               "dataset_label", "selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class Cell:
     dataset: AxisValue
     epochs: float
     options: tuple[tuple[str, Any], ...] = ()   # values of the searched trial options (a sub-cell)
+
+    @property
+    def private(self) -> bool:
+        """A DP cell; ε = inf is the non-private baseline (σ = 0, no clipping)."""
+        return math.isfinite(self.epsilon)
 
     @property
     def key(self) -> str:
@@ -98,17 +104,15 @@ class CellPlan:
         return tuple((*grid[int(i)], int(seed)) for i, seed in zip(picks, seeds))
 
     def draw_config(self, draw: int) -> dict:
-        """The trial spec of private draw ``draw`` (0-based): its own training seed, the data split of
-        the spec's seed (every trial sees the same train/validation/test split), the score noise, and
-        the selection's figures in ``meta``."""
+        """The trial config of private draw ``draw`` (0-based): its own training seed, the data split
+        of the spec's seed (every trial sees the same train/validation/test split), the score noise,
+        and the selection's figures."""
         c, b, m, seed = self.draws[draw]
-        spec = self.trial_config(c, b, m, seed)
-        selection = self.space.selection
-        spec["train"].update(split_seed=int(self.space.seeds[0]), score_noise=selection.score_noise)
         privacy = self.privacy[b]
-        spec["meta"].update(selection_k=len(self.draws), selection_draw=int(draw),
-                            trial_epsilon=privacy.trial_epsilon, total_epsilon=privacy.total_epsilon)
-        return spec
+        return {**self.trial_config(c, b, m, seed), "split_seed": int(self.space.seeds[0]),
+                "score_noise": self.space.selection.score_noise, "selection_k": len(self.draws),
+                "selection_draw": int(draw), "trial_epsilon": privacy.trial_epsilon,
+                "total_epsilon": privacy.total_epsilon}
 
     @property
     def trial(self) -> TrialOptions:
@@ -129,7 +133,7 @@ class CellPlan:
         only. AUTO-S scales g_i by C/(n_i + γ) and ĝ is normalised by B·C, so the update
         (Σ g_i/(n_i + γ) + σξ)/B is the same for every C: one C stands for all (data-independent,
         so no privacy cost)."""
-        if self.trial.config().get("clip_fn") == "auto_s":
+        if self.trial.config().get("clip_fn") == "auto_s" or not self.cell.private:  # non-private: no clipping
             return (max(self.space.clip_bounds),)
         return self.space.clip_bounds
 
@@ -162,7 +166,8 @@ class CellPlan:
         return self.space.learning_rate.at(batch_size, multiplier)
 
     def trial_config(self, clip_bound: float, batch_size: int, lr_multiplier: float, seed: int) -> dict:
-        """The trial spec ``{"train": …, "meta": …}`` of one trial (only searched B are allowed)."""
+        """The flat trial config of one trial (only searched B are allowed): training options and
+        the plan's figures (:data:`PLAN_FIELDS`), σ once."""
         if batch_size not in self.searched_batch_sizes:
             raise ValueError(f"batch_size {batch_size} is not searched in cell {self.cell.key}; "
                              f"searched: {', '.join(map(str, self.searched_batch_sizes))}")
@@ -178,11 +183,10 @@ class CellPlan:
         if "model_options" in train:
             model_options = {**self.trial.config().get("model_options", {}), **train["model_options"]}
             train["model_options"] = model_options
-        meta = {"cell": c.key, "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
-                "noise_multiplier": sigma, "noise_sqrt_steps": float(row["noise_sqrt_steps"]),
-                "lr_multiplier": float(lr_multiplier), "backbone_label": c.backbone.label,
-                "dataset_label": c.dataset.label}
-        return {"train": train, "meta": meta}
+        plan = {"cell": c.key, "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
+                "noise_sqrt_steps": float(row["noise_sqrt_steps"]), "lr_multiplier": float(lr_multiplier),
+                "backbone_label": c.backbone.label, "dataset_label": c.dataset.label}
+        return {**train, **plan}
 
     def sampler_seed(self) -> int:
         """Per-cell seed of random sampling and TPE: the spec's seed and the cell id."""
@@ -203,7 +207,7 @@ class CellPlan:
                          "SweepSearcher (dptune.platform.searcher)")
 
     def trials(self) -> list[dict]:
-        """Trial specs of a grid or random search: every configuration once per seed (private
+        """Trial configs of a grid or random search: every configuration once per seed (private
         selection: the K draws)."""
         if self.private:
             return [self.draw_config(k) for k in range(len(self.draws))]
@@ -248,11 +252,15 @@ class SweepPlan:
     def notes(self) -> list[str]:
         """What the planner changed about the spec's space, one line each."""
         collapsed = [c for c in self.cells if len(c.clip_bounds) < len(self.space.clip_bounds)]
-        if not collapsed:
-            return []
-        return [f"clip_fn auto_s: the update (Σ g_i/(n_i+γ) + σξ)/B does not depend on C, so the C grid is "
-                f"collapsed to C = {collapsed[0].clip_bounds[0]:g} (every C would give the same trial; "
-                "data-independent, no privacy cost)"]
+        auto_s = [c for c in collapsed if c.cell.private]
+        notes = []
+        if auto_s:
+            notes.append(f"clip_fn auto_s: the update (Σ g_i/(n_i+γ) + σξ)/B does not depend on C, so the C grid "
+                         f"is collapsed to C = {auto_s[0].clip_bounds[0]:g} (every C would give the same trial; "
+                         "data-independent, no privacy cost)")
+        if len(collapsed) > len(auto_s):
+            notes.append("ε = inf: the non-private baseline clips nothing, so its cells run one C")
+        return notes
 
     @property
     def empty_cells(self) -> list[CellPlan]:
@@ -285,7 +293,7 @@ class SweepPlan:
             raise ValueError("; ".join(problems))
 
     def trials(self) -> list[dict]:
-        """All trial specs of a grid or random sweep, cell by cell."""
+        """All trial configs of a grid or random sweep, cell by cell."""
         return [t for c in self.cells for t in c.trials()]
 
 
@@ -356,7 +364,7 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
         return NoiseRequest(c.epsilon, c.delta, q, steps, options.norm_estimator, options.sketch_k)
 
     requests = [request(c, row["sample_rate"], row["steps"]) for c, rows in candidates.items()
-                for row in rows if row["reason"] is None]
+                for row in rows if row["reason"] is None and c.private]
     if space.selection.private:
         sigmas, privacy = _selection_noise(cells, candidates, space, validation, request)
     else:
@@ -364,7 +372,7 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     pruning = space.pruning
     plans = []
     for c in cells:
-        rows = fill_noise(candidates[c], lambda q, t, c=c: sigmas[request(c, q, t)])
+        rows = fill_noise(candidates[c], lambda q, t, c=c: sigmas[request(c, q, t)] if c.private else 0.0)
         rows = prune_rows(rows, min_steps=pruning.min_steps, plateau_tol=pruning.plateau_tol)
         chosen = spread([row["batch_size"] for row in rows if row["kept"]], pruning.max_batch_sizes)
         for row in rows:

@@ -251,6 +251,16 @@ def _positive(value: Any, path: str) -> float:
     return number(value, path, gt=0)
 
 
+def _epsilon(value: Any, path: str) -> float:
+    """A privacy budget ε > 0, or ``inf`` (``.inf`` in YAML): the cell's non-private baseline."""
+    if value in ("inf", ".inf") or (isinstance(value, float) and value == float("inf")):
+        return float("inf")
+    try:
+        return number(value, path, gt=0)
+    except SpecError:
+        raise SpecError(f"{path}: must be a number > 0, or inf for the non-private baseline; got {value!r}") from None
+
+
 def _name(value: Any, path: str) -> str:
     if not isinstance(value, str) or not value:
         raise SpecError(f"{path}: must be a name; got {value!r}")
@@ -319,7 +329,7 @@ def parse_axes(value: Any, catalog: Catalog) -> Axes:
             raise SpecError(f"axes.backbone: unknown backbone {b.name!r}; registered: {_choices(catalog.backbones)}")
         _check_options(catalog.check_backbone, "backbone", b, path)
     return Axes(
-        epsilon=one_or_many(raw["epsilon"], "axes.epsilon", _positive),
+        epsilon=one_or_many(raw["epsilon"], "axes.epsilon", _epsilon),
         delta=one_or_many(raw.get("delta", 1e-5), "axes.delta", lambda v, p: number(v, p, gt=0, lt=1)),
         backbone=backbones,
         dataset=one_or_many(raw["dataset"], "axes.dataset", _axis_value),
@@ -561,6 +571,9 @@ def check_private_selection(spec: Spec, catalog: Catalog) -> None:
         raise SpecError(f"search.scheduler: {search.scheduler.name} stops trials on validation scores read during "
                         "training; under selection.mode private each trial releases one noisy score at its end: "
                         "use none")
+    if any(e == float("inf") for e in spec["axes"].epsilon):
+        raise SpecError("axes.epsilon: inf (a non-private baseline) has nothing to select privately under "
+                        "selection.mode private; remove it")
     if len(spec["seeds"]) != 1:
         raise SpecError("seeds: give one seed under selection.mode private (it fixes the data split; each drawn "
                         f"trial gets its own training seed); got {len(spec['seeds'])}")

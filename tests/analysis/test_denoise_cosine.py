@@ -32,7 +32,7 @@ def store(tmp_path_factory):
                                  {"seed": 0, "clip_bound": 2.0}]):   # no diagnostic
         cfg, history = run(**options)
         last = {**history[-1], "history": history}
-        s.write_trial(trial_row(f"t{i}", {"train": cfg, "meta": {}}, last, status="finished"), epoch_rows(history))
+        s.write_trial(trial_row(f"t{i}", cfg, last, status="finished"), epoch_rows(history))
         histories[f"t{i}"] = history
     return s, histories
 
@@ -65,7 +65,7 @@ def test_report_has_the_section_only_with_the_diagnostic(store, tmp_path):
     assert "NOT differentially private" in section and "data:image/png;base64," in section
     bare = ResultsStore(str(tmp_path / "bare"))
     cfg, history = run(seed=0)
-    bare.write_trial(trial_row("p", {"train": cfg, "meta": {}}, {**history[-1], "history": history},
+    bare.write_trial(trial_row("p", cfg, {**history[-1], "history": history},
                                status="finished"), epoch_rows(history))
     assert analyse(bare, noise=False).cosines.empty
     assert "id='denoise'" not in build_report(bare)

@@ -15,34 +15,30 @@ from PIL import Image
 
 from dptune.analysis import optimal_clip
 from dptune.cli import main
-from dptune.platform.launcher import RunSettings, run_trials
+from dptune.platform.launcher import RunSettings
 from dptune.platform.store import ResultsStore
+from dptune.platform.sweep import run_sweep
+from sweep_plans import digits_spec, plan_of
 
 pytestmark = pytest.mark.slow
 
 EPSILONS = (2.0, 8.0)
-CELLS = [f"digits · mlp · ε={eps:g} · 1 epoch" for eps in EPSILONS]
-CELLS.append("digits · mlp · ε=∞ (non-private) · 1 epoch")
-
-
-def spec(**train):
-    base = {"dataset": "digits", "model": "mlp", "epsilon": 8.0, "epochs": 1, "batch_size": 200,
-            "learning_rate": 1.0, "clip_bound": 1.0, "seed": 0, "model_options": {"hidden": 32}}
-    base.update(train)
-    return {"train": base, "meta": {"cell": f"digits|mlp|eps={base['epsilon']}"}}
+CELLS = [f"digits · mlp[hidden=32] · ε={eps:g} · 1 epoch" for eps in EPSILONS]
+CELLS.append("digits · mlp[hidden=32] · ε=∞ (non-private) · 1 epoch")
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """Two ε cells × two C at one B and one η, a non-private baseline and a trial that diverges."""
+    """Two ε cells × two C at one B, the non-private baseline (ε = inf, one C), each at η = 1 and at
+    η = 10³⁸, which diverges."""
     root = tmp_path_factory.mktemp("report")
-    trials = [spec(epsilon=eps, clip_bound=c) for eps in EPSILONS for c in (0.5, 2.0)]
-    trials += [spec(epsilon=math.inf, learning_rate=0.1), spec(epsilon=2.0, learning_rate=1e38)]
+    plan = plan_of(digits_spec(epsilon=[*EPSILONS, math.inf], clip_bound=(0.5, 20.0), batch_size=200,
+                               multipliers=(1.0, 1e38), model_options={"hidden": 32}))
     settings = RunSettings(experiment="small", storage=str(root), max_failures=0, verbose=0)
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              logging_level="ERROR")
     try:
-        run_trials(trials, settings)
+        run_sweep(plan, settings)
     finally:
         ray.shutdown()
     return settings
@@ -110,9 +106,9 @@ def test_report_images_decode_and_tables_list_every_cell(report):
         assert sorted(r[0] for r in rows) == sorted(CELLS)
     optima = {r[0]: dict(zip(page.tables["optima"][0], r)) for r in page.tables["optima"][1:]}
     assert optima[CELLS[-1]]["C"] == "— (no clipping)"
-    assert optima[CELLS[0]]["C"] in ("0.5", "2") and optima[CELLS[0]]["B"] == "200"
-    errors = page.tables["errors"]
-    assert len(errors) == 2 and "1e+38" in errors[1] and ("TrialDiverged" in errors[1][-1] or "loss" in errors[1][-1])
+    assert optima[CELLS[0]]["C"] in ("0.5", "20") and optima[CELLS[0]]["B"] == "200"
+    _, *errors = page.tables["errors"]
+    assert len(errors) == 5 and all("1e+38" in row and "loss became" in row[-1] for row in errors)
     text = report.read_text(encoding="utf-8")
     assert "NOT differentially private" in text and "<script" not in text
 
@@ -121,7 +117,7 @@ def test_heatmap_command_writes_png_and_svg_per_facet(sweep, tmp_path):
     buf = io.StringIO()
     assert main(["heatmap", "--store", sweep.paths.root, "--out", str(tmp_path)], out=buf) == 0
     files = {p.name for p in tmp_path.iterdir()}
-    assert {"heatmap_digits_mlp_1ep.png", "heatmap_digits_mlp_1ep.svg", "fixed_setting_cost.png",
+    assert {"heatmap_digits_mlp_hidden=32_1ep.png", "heatmap_digits_mlp_hidden=32_1ep.svg", "fixed_setting_cost.png",
             "heatmap.csv", "optima.csv"} <= files
     text = buf.getvalue()
     assert all(cell in text for cell in CELLS)

@@ -12,7 +12,6 @@ import os
 import time
 
 from dptune.platform import tune_adapter
-from dptune.platform.trial_config import unflatten
 from dptune.privacy import epsilon_spent
 
 #: First-epoch accuracy by clipping bound (grid order: C ascending).
@@ -35,9 +34,8 @@ def epoch_step(epoch: int, steps: int, epochs: float) -> int:
 def rigged_trainable(config: dict) -> None:
     if FAIL_WITH is not None:
         raise RuntimeError(FAIL_WITH)
-    spec = unflatten(config)
-    train, meta = spec["train"], spec["meta"]
-    steps, q, sigma = int(meta["steps"]), float(meta["sample_rate"]), float(meta["noise_multiplier"])
+    train = config
+    steps, q, sigma = int(config["steps"]), float(config["sample_rate"]), float(config["noise_multiplier"])
     state = tune_adapter.restore_state()
     history = state["history"] if state else []
     for epoch in range(len(history) + 1, math.ceil(train["epochs"]) + 1):

@@ -11,8 +11,8 @@ from ray.tune.search import Searcher
 
 from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
-from dptune.platform.trial_config import unflatten
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
+from dptune.platform.trial_config import train_config
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import train
 
@@ -37,9 +37,9 @@ def drive(searcher, fully_clipped_at):
     i = 0
     while (config := searcher.suggest(f"t{i}")) != Searcher.FINISHED:
         assert config is not None          # sequential: never waiting
-        spec = unflatten(config)
-        b, m, c = spec["train"]["batch_size"], spec["meta"]["lr_multiplier"], spec["train"]["clip_bound"]
-        handed.append((b, m, c, spec["train"]["seed"]))
+        spec = config
+        b, m, c = spec["batch_size"], spec["lr_multiplier"], spec["clip_bound"]
+        handed.append((b, m, c, spec["seed"]))
         full = int(c <= fully_clipped_at.get((b, m), 0))
         searcher.on_trial_complete(f"t{i}", {"accuracy": 0.5, "fully_clipped": full, "step": 40, "steps": 40})
         i += 1
@@ -56,8 +56,8 @@ def test_smaller_clips_of_a_fully_clipped_trial_are_recorded_not_trained(catalog
     assert (10, 1.0, 0.1) not in trained and (10, 1.0, 0.01) not in trained and (10, 1.0, 1.0) in trained
     assert not {(20, 2.0, c) for c in (1.0, 0.1, 0.01)} & trained and (20, 2.0, 10.0) in trained
     assert len(handed) == (16 - 5) * 2
-    eq = {(e["spec"]["train"]["batch_size"], e["spec"]["meta"]["lr_multiplier"], e["spec"]["train"]["clip_bound"],
-           e["spec"]["train"]["seed"]): e["source"] for e in searcher.equivalents}
+    eq = {(e["config"]["batch_size"], e["config"]["lr_multiplier"], e["config"]["clip_bound"],
+           e["config"]["seed"]): e["source"] for e in searcher.equivalents}
     assert set(eq) == {(10, 1.0, c, s) for c in (0.1, 0.01) for s in (0, 1)} | \
         {(20, 2.0, c, s) for c in (1.0, 0.1, 0.01) for s in (0, 1)}
     for (b, m, c, s), source in eq.items():    # the source is the same seed's trial at the fully clipped C
@@ -72,7 +72,7 @@ def test_one_seed_not_fully_clipped_keeps_training(catalog):
     searcher = SweepSearcher(plan)
     i = 0
     while (config := searcher.suggest(f"t{i}")) != Searcher.FINISHED:
-        seed = unflatten(config)["train"]["seed"]
+        seed = config["seed"]
         searcher.on_trial_complete(f"t{i}", {"accuracy": 0.5, "fully_clipped": int(seed == 0), "step": 4, "steps": 4})
         i += 1
     assert i == 32 and searcher.equivalents == []
@@ -82,12 +82,12 @@ def test_a_chain_waits_for_its_larger_clip_and_other_chains_go_on(catalog):
     plan = plan_of(catalog)
     searcher = SweepSearcher(plan)
     running = [searcher.suggest(f"r{i}") for i in range(4)]          # the largest C of each of the 4 chains
-    assert all(unflatten(c)["train"]["clip_bound"] == 10.0 for c in running)
+    assert all(c["clip_bound"] == 10.0 for c in running)
     assert searcher.suggest("r4") is None                           # every chain waits: not FINISHED
     searcher.on_trial_complete("r0", {"accuracy": 0.5, "fully_clipped": 1, "step": 40, "steps": 40})
     assert searcher.suggest("r5") is None and len(searcher.equivalents) == 3
     searcher.on_trial_complete("r1", {"accuracy": 0.5, "fully_clipped": 0, "step": 40, "steps": 40})
-    assert unflatten(searcher.suggest("r6"))["train"]["clip_bound"] == 1.0
+    assert searcher.suggest("r6")["clip_bound"] == 1.0
 
 
 def test_auto_s_and_stopped_trials_are_not_chained(catalog):
@@ -136,7 +136,7 @@ def test_a_sweep_stores_equivalent_trials_with_their_source_results(tmp_path):
     source, eq = rows.loc[0.03], rows.loc[0.01]
     assert eq.equivalent_to == source.trial_id and eq.clip_equivalence_nonprivate
     assert (eq.accuracy, eq.epsilon_spent, eq.steps) == (source.accuracy, source.epsilon_spent, source.steps)
-    real = train(TrainConfig.from_dict(plan.cells[0].trial_config(0.01, 128, 1.0, 0)["train"]), progress=False)[-1]
+    real = train(train_config(plan.cells[0].trial_config(0.01, 128, 1.0, 0)), progress=False)[-1]
     assert real["accuracy"] == eq.accuracy
     epochs = ResultsStore(settings.paths.store).table("epochs")
     assert sorted(epochs[epochs.trial_id == eq.trial_id].epoch) == [1, 2]

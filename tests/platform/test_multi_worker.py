@@ -19,7 +19,10 @@ import torch
 from torch.utils.data import TensorDataset
 
 from dptune.platform import tune_adapter
-from dptune.platform.launcher import RunSettings, run_trials
+from dptune.platform.launcher import RunSettings
+from dptune.platform.sweep import run_sweep
+from dptune.platform.trial_config import train_config
+from sweep_plans import digits_spec, plan_of
 from dptune.platform.store import ResultsStore
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.data import load_dataset
@@ -142,19 +145,15 @@ def test_sweep_mixing_one_and_two_worker_trials_with_a_killed_worker(local_ray, 
     two workers is killed after the first epoch's checkpoint: the group restarts from it
     (FailureConfig) and the trial ends with the weights of an uninterrupted one-worker run. Each
     trial is stored once, finished, with each epoch once."""
-    def trial(batch_size: int, epochs: int) -> dict:
-        return {"train": {"dataset": "digits", "model": "mlp", "epsilon": 4.0, "epochs": epochs,
-                          "batch_size": batch_size, "learning_rate": 1.0, "clip_bound": 1.0, "seed": 0,
-                          "model_options": {"hidden": 16}, "device": "cpu"},
-                "meta": {"cell": "digits|mlp|eps=4"}}
-
+    plan = plan_of(digits_spec(epsilon=4.0, batch_size=[32, 64], epochs=4, model_options={"hidden": 16},
+                               trial={"device": "cpu"}))
     settings = RunSettings(experiment="mixed", storage=str(tmp_path), max_failures=1, workers=2,
                            workers_from_batch_size=64)
     killed: list[int] = []
     killer = threading.Thread(target=kill_a_worker_after_the_first_checkpoint,
                               args=(tmp_path / "mixed" / "workers", killed), daemon=True)
     killer.start()
-    results = run_trials([trial(32, 1), trial(64, 4)], settings)
+    results = run_sweep(plan, settings).results
     killer.join()
     assert killed and all(r.error is None for r in results)
     store = ResultsStore(settings.paths.store)
@@ -162,12 +161,12 @@ def test_sweep_mixing_one_and_two_worker_trials_with_a_killed_worker(local_ray, 
     assert sorted(rows.batch_size) == [32, 64] and rows.trial_id.is_unique and (rows.status == "finished").all()
     epochs = store.table("epochs").merge(rows[["trial_id", "batch_size"]], on="trial_id")
     assert sorted(epochs[epochs.batch_size == 64].epoch) == [1, 2, 3, 4]
-    assert list(epochs[epochs.batch_size == 32].epoch) == [1]
+    assert sorted(epochs[epochs.batch_size == 32].epoch) == [1, 2, 3, 4]
 
-    on_two = next(r for r in results if r.config["trial"]["train"]["batch_size"] == 64)
+    on_two = next(r for r in results if r.config["batch_size"] == 64)
     state = tune_adapter.checkpoint_state(on_two.checkpoint)
     assert state["trainer"]["workers"] == 2 and state["trainer"]["epoch"] == 4
-    one = Trainer(TrainConfig.from_dict(trial(64, 4)["train"]))
+    one = Trainer(train_config(on_two.config))
     while not one.done:
         one.run_epoch()
     for name, p in one.trainable_state().items():

@@ -7,10 +7,12 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from dptune.platform.launcher import RunSettings, run_trials
+from dptune.platform.launcher import RunSettings
 from dptune.platform.store import ResultsStore
-from dptune.trainables.config import TrainConfig
+from dptune.platform.sweep import run_sweep
+from dptune.platform.trial_config import train_config
 from dptune.trainables.training import train
+from sweep_plans import digits_spec, plan_of
 
 
 EPOCHS = 150
@@ -27,10 +29,11 @@ def test_trial_survives_the_loss_of_its_node(tmp_path):
     ray.init(address=cluster.address, logging_level="ERROR")
     try:
         # Long enough (in epochs) that the node dies mid-trial however fast the DP step is.
-        cfg = {"dataset": "digits", "model": "mlp", "epsilon": 4.0, "epochs": EPOCHS, "batch_size": 100,
-               "learning_rate": 1.0, "seed": 5, "model_options": {"hidden": 64}}
+        plan = plan_of(digits_spec(epsilon=4.0, batch_size=100, epochs=EPOCHS, seeds=(5,),
+                                   model_options={"hidden": 64}))
+        [config] = plan.trials()
         settings = RunSettings(experiment="nodefail", storage=str(tmp_path), max_failures=3, verbose=0)
-        runner = threading.Thread(target=run_trials, args=([{"train": cfg, "meta": {"cell": "c"}}], settings))
+        runner = threading.Thread(target=run_sweep, args=(plan, settings))
         runner.start()
         experiment = Path(tmp_path) / "nodefail"
         deadline = time.time() + 240
@@ -54,6 +57,6 @@ def test_trial_survives_the_loss_of_its_node(tmp_path):
     epochs = store.table("epochs").sort_values("epoch")
     assert epochs.epoch.tolist() == list(range(1, EPOCHS + 1))  # none lost, none duplicated
     # Resumed from the checkpoint (RNG states included): same result as a run never interrupted.
-    reference = train(TrainConfig.from_dict(cfg), progress=False)
+    reference = train(train_config(config), progress=False)
     assert rows.accuracy.iloc[0] == pytest.approx(reference[-1]["accuracy"], abs=1e-12)
     assert epochs.accuracy.tolist() == pytest.approx([m["accuracy"] for m in reference], abs=1e-12)

@@ -15,7 +15,7 @@ from dptune.platform.query import run_query
 from dptune.platform.selection import release_selections
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import run_sweep
-from dptune.platform.trial_config import flatten
+from dptune.platform.trial_config import train_options
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import train
@@ -58,7 +58,7 @@ def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     epochs = store.table("epochs")
     assert epochs[epochs.epoch == 1].accuracy.isna().all()    # nothing evaluated before the end
     # the released test accuracy is that of the selected configuration trained again, evaluated the usual way
-    config = dict(plan.cells[0].draw_config(int(best.selection_draw))["train"])
+    config = train_options(plan.cells[0].draw_config(int(best.selection_draw)))
     plain = train(TrainConfig.from_dict({**config, "score_noise": None}), progress=False)[-1]
     assert best.test_accuracy == pytest.approx(plain["test_accuracy"], abs=1e-12)
     noise = 0.05 * float(torch.randn((), generator=torch.Generator().manual_seed(config["seed"] + 3),
@@ -73,7 +73,7 @@ def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     page = build_report(store)
     assert "Private selection: the released model per cell" in page and f"{best.test_accuracy:.3f}" in page
     # releasing again (dptune resume) touches nothing: the test data is used once
-    again = [SimpleNamespace(config=flatten(cell.draw_config(i)), checkpoint=None, metrics={}) for i in range(k)]
+    again = [SimpleNamespace(config=cell.draw_config(i), checkpoint=None, metrics={}) for i in range(k)]
     assert release_selections(again, settings.paths, out=io.StringIO()) == []
 
 

@@ -17,7 +17,7 @@ def test_the_saved_plan_holds_the_spec_rules_and_every_cell_batch_size(tmp_path)
     _save_plan(plan, settings)
     saved = ExperimentPaths(str(tmp_path / "saved")).saved_plan()
     assert saved["pruning"] == {"min_steps": 8, "plateau_tol": 0.3, "max_batch_sizes": None}
-    assert set(saved["cells"]) == {t["meta"]["cell"] for t in plan.trials()}   # the store's cell column
+    assert set(saved["cells"]) == {t["cell"] for t in plan.trials()}   # the store's cell column
     for key, cell in saved["cells"].items():
         epsilon = float(key.rsplit("eps=", 1)[1])
         expected = batch_plan(epsilon, 1e-5, N, EPOCHS, CANDIDATES, min_steps=8, plateau_tol=0.3)

@@ -15,7 +15,6 @@ import pytest
 from dptune.platform.launcher import RunSettings
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import resume_sweep, run_sweep
-from dptune.platform.trial_config import flatten, unflatten
 from dptune.privacy import epsilon_spent
 from dptune.privacy.schedule import num_steps, sample_rate
 from dptune.search_spaces import SpecError, load_spec, plan_sweep
@@ -77,15 +76,19 @@ def test_scheduler_section_is_validated(catalog):
             load_spec(spec_of(bad), catalog)
 
 
-def test_flat_config_round_trips(catalog):
+def test_a_trial_config_is_flat_and_its_training_options_are_the_trainers(catalog):
+    from dptune.platform.trial_config import plan_figures, train_config, train_options
+    from dptune.search_spaces.planner import PLAN_FIELDS
+    from dptune.trainables.config import FIELDS
+
+    assert not set(PLAN_FIELDS) & set(FIELDS)   # a plan figure never shadows a training option
     plan = plan_sweep(load_spec(spec_of("none"), catalog), catalog, workers=1)
     trial = plan.cells[0].trials()[0]
-    flat = flatten(trial)
-    assert {"clip_bound", "batch_size", "learning_rate", "epsilon", "delta", "epochs", "backbone", "dataset",
-            "cell", "steps", "sample_rate", "noise_multiplier"} <= set(flat)
-    assert not any(isinstance(v, dict) and k in ("train", "meta", "trial") for k, v in flat.items())
-    assert flat["backbone"] == "mlp" and "model" not in flat
-    assert unflatten(flat) == trial
+    assert {"clip_bound", "batch_size", "learning_rate", "epsilon", "delta", "epochs", "model", "dataset",
+            "cell", "steps", "sample_rate", "noise_multiplier"} <= set(trial)
+    assert not any(isinstance(v, dict) for k, v in trial.items() if k != "model_options")
+    assert train_config(trial).to_dict().items() >= train_options(trial).items()
+    assert {**train_options(trial), **plan_figures(trial)} == trial
 
 
 def run(tmp_path, catalog, scheduler, name="asha"):

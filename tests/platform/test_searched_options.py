@@ -5,7 +5,6 @@ from ray.tune.search import Searcher
 
 from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
-from dptune.platform.trial_config import unflatten
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 
 CATALOG = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: 200,
@@ -25,16 +24,16 @@ def test_the_grid_searcher_hands_out_every_sub_cell_trial_with_its_options():
     searcher = SweepSearcher(p, clip_equivalence=False)
     handed = []
     while (config := searcher.suggest(f"t{len(handed)}")) != Searcher.FINISHED:
-        trial = unflatten(config)
+        trial = config
         handed.append(trial)
         searcher.on_trial_complete(f"t{len(handed) - 1}", {"accuracy": 0.5})
     assert handed == p.trials()
     # brute force: every (ε, denoise, clip_fn) once; auto_s runs one C, flat the three
-    combos = {(t["train"]["epsilon"], t["train"].get("denoise"), t["train"]["clip_fn"]) for t in handed}
+    combos = {(t["epsilon"], t.get("denoise"), t["clip_fn"]) for t in handed}
     assert combos == set(itertools.product([1.0, 4.0], [None, "rmt"], ["flat", "auto_s"]))
     for eps, denoise, clip_fn in combos:
-        cs = {t["train"]["clip_bound"] for t in handed
-              if (t["train"]["epsilon"], t["train"].get("denoise"), t["train"]["clip_fn"]) == (eps, denoise, clip_fn)}
+        cs = {t["clip_bound"] for t in handed
+              if (t["epsilon"], t.get("denoise"), t["clip_fn"]) == (eps, denoise, clip_fn)}
         assert len(cs) == (1 if clip_fn == "auto_s" else 3)
 
 

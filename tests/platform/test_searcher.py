@@ -6,7 +6,6 @@ from ray.tune.search import Searcher
 
 from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
-from dptune.platform.trial_config import unflatten
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 
 
@@ -41,9 +40,9 @@ def run(searcher: Searcher, limit: int = 1000, start: int = 0, value=objective) 
         config = searcher.suggest(f"t{i}")
         if config == Searcher.FINISHED:
             break
-        trial = unflatten(config)
+        trial = config
         out.append(trial)
-        searcher.on_trial_complete(f"t{i}", {"accuracy": value(trial["train"])})
+        searcher.on_trial_complete(f"t{i}", {"accuracy": value(trial)})
     return out
 
 
@@ -59,8 +58,8 @@ def optuna_plan(catalog, toy_spec):
 
 
 def key(trial: dict) -> tuple:
-    return trial["train"]["clip_bound"], trial["train"]["batch_size"], trial["meta"]["lr_multiplier"], \
-        trial["train"]["seed"]
+    return trial["clip_bound"], trial["batch_size"], trial["lr_multiplier"], \
+        trial["seed"]
 
 
 def test_grid_searcher_hands_out_the_plan_then_finishes(catalog, toy_spec):
@@ -82,8 +81,8 @@ def test_optuna_is_deterministic_for_a_seed_and_proposes_only_pruned_candidates(
     assert len(first) == 12 == plan.num_trials                    # the budget, then FINISHED
     assert len({key(t) for t in first}) == 12                     # repeats are answered, not re-run
     for trial in first:
-        assert trial["train"]["batch_size"] in cell.searched_batch_sizes
-        assert trial["train"]["clip_bound"] in plan.space.clip_bounds
+        assert trial["batch_size"] in cell.searched_batch_sizes
+        assert trial["clip_bound"] in plan.space.clip_bounds
         assert trial == cell.trial_config(*key(trial))            # σ, T, q, η exactly as planned
     other = run(SweepSearcher(optuna_plan(seed=4)))
     assert [key(t) for t in other] != [key(t) for t in first]
@@ -93,11 +92,11 @@ def test_tpe_uses_the_results(optuna_plan):
     """After its random start, TPE concentrates near the optimum: better than the grid average."""
     plan = optuna_plan(seed=0, budget=30)
     trials = run(SweepSearcher(plan))
-    grid_mean = sum(objective(plan.cells[0].trial_config(c, b, m, 0)["train"])
+    grid_mean = sum(objective(plan.cells[0].trial_config(c, b, m, 0))
                     for c, b, m in plan.cells[0].grid) / len(plan.cells[0].grid)
-    late = [objective(t["train"]) for t in trials[15:]]
+    late = [objective(t) for t in trials[15:]]
     assert sum(late) / len(late) > grid_mean
-    assert max(objective(t["train"]) for t in trials) == pytest.approx(1.0)   # the optimum was found
+    assert max(objective(t) for t in trials) == pytest.approx(1.0)   # the optimum was found
 
 
 def test_every_configuration_runs_once_per_seed_and_optuna_sees_the_mean(optuna_plan):
@@ -105,11 +104,11 @@ def test_every_configuration_runs_once_per_seed_and_optuna_sees_the_mean(optuna_
     searcher = SweepSearcher(plan)
     trials = run(searcher, value=lambda train: objective(train) + 0.01 * train["seed"])
     assert len(trials) == 8 == plan.num_trials
-    assert [t["train"]["seed"] for t in trials] == [0, 1] * 4
+    assert [t["seed"] for t in trials] == [0, 1] * 4
     assert all(key(a)[:3] == key(b)[:3] for a, b in zip(trials[::2], trials[1::2]))
     best_indices, best_value = searcher.best(0)
     c, b, m = searcher._values(0, best_indices)
-    assert best_value == pytest.approx(objective(plan.cells[0].trial_config(c, b, m, 0)["train"]) + 0.005)
+    assert best_value == pytest.approx(objective(plan.cells[0].trial_config(c, b, m, 0)) + 0.005)
 
 
 def test_a_failed_trial_is_told_as_failed(optuna_plan):
@@ -139,12 +138,12 @@ def test_warm_start_begins_at_the_neighbouring_optimum(optuna_plan):
     searcher = SweepSearcher(plan)
     trials = run(searcher)
     first_cell, second_cell = trials[:8], trials[8:]
-    assert {t["meta"]["cell"] for t in first_cell} == {plan.cells[0].cell.key}
-    best = max(first_cell, key=lambda t: objective(t["train"]))
-    start = second_cell[0]["train"]
-    assert (start["clip_bound"], second_cell[0]["meta"]["lr_multiplier"]) == \
-        (best["train"]["clip_bound"], best["meta"]["lr_multiplier"])
-    nearest = min(plan.cells[1].searched_batch_sizes, key=lambda b: abs(math.log(b / best["train"]["batch_size"])))
+    assert {t["cell"] for t in first_cell} == {plan.cells[0].cell.key}
+    best = max(first_cell, key=lambda t: objective(t))
+    start = second_cell[0]
+    assert (start["clip_bound"], second_cell[0]["lr_multiplier"]) == \
+        (best["clip_bound"], best["lr_multiplier"])
+    nearest = min(plan.cells[1].searched_batch_sizes, key=lambda b: abs(math.log(b / best["batch_size"])))
     assert start["batch_size"] == nearest
     cold = run(SweepSearcher(optuna_plan(epsilon=(1, 4), warm_start=False, budget=8)))
     assert [key(t) for t in cold[:8]] == [key(t) for t in first_cell]   # the first cell is unaffected
@@ -159,10 +158,10 @@ def test_repeats_are_never_trained_twice_and_every_proposal_is_answered(optuna_p
     assert len(plan.cells[0].grid) == 4                            # 1 C × 4 B × 1 η
     searcher = SweepSearcher(plan)
     running = [searcher.suggest(f"r{i}") for i in range(4)]        # four trials in flight at once
-    assert len({key(unflatten(c)) for c in running}) == 4            # running configurations are not re-proposed
+    assert len({key(c) for c in running}) == 4            # running configurations are not re-proposed
     assert searcher.suggest("r4") == Searcher.FINISHED
     for i, config in enumerate(running):
-        searcher.on_trial_complete(f"r{i}", {"accuracy": objective(unflatten(config)["train"])})
+        searcher.on_trial_complete(f"r{i}", {"accuracy": objective(config)})
     states = {t.state.name for t in searcher._optuna[0]._ot_study.trials}
     assert states <= {"COMPLETE", "FAIL"}                          # nothing left dangling in the study
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dptune.platform.catalog import trainables_catalog
+from dptune.platform.trial_config import train_options
 from dptune.search_spaces import SearchSpace, SpecError, load_spec, plan_sweep
 from dptune.search_spaces.search_sections import AxisValue
 from dptune.trainables.config import TrainConfig
@@ -29,10 +30,10 @@ def test_options_reach_the_cell_label_and_the_trainer_config():
     assert keys[1] == "bbc_news[max_length=32]/hf:all-MiniLM-L6-v2[lora_rank=4,peft=lora,weights=random]/E=1/delta=1e-05/eps=1"
     assert plan.cells[0].dataset_size == len(load_dataset("bbc_news", max_length=8).train)
     trial = plan.cells[1].trials()[0]
-    train = trial["train"]
+    train = train_options(trial)
     assert (train["model"], train["peft"], train["weights"], train["model_options"], train["max_length"]) == \
         ("hf:all-MiniLM-L6-v2", "lora", "random", {"lora_rank": 4}, 32)
-    assert trial["meta"]["backbone_label"] == "hf:all-MiniLM-L6-v2[lora_rank=4,peft=lora,weights=random]"
+    assert trial["backbone_label"] == "hf:all-MiniLM-L6-v2[lora_rank=4,peft=lora,weights=random]"
     TrainConfig.from_dict(train).validate()   # the trainer takes every field
 
 

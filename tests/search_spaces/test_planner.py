@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 
+from dptune.platform.trial_config import train_options
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.privacy.cache import clear_memory
 from dptune.search_spaces import NoiseRequest, batch_plan, calibrate_many, load_spec, plan_sweep
@@ -39,8 +40,8 @@ def test_trial_specs_are_valid_train_configs_with_the_planned_privacy(catalog, t
     assert searched == (5, 10, 20, 40)                     # 100 has T = 4 < min_steps 5; 400 > N
     assert len(trials) == plan.num_trials == 2 * 1 * len(searched) * 3 * 2   # auto_s: one C stands for every C
     for trial in trials:
-        train, meta = trial["train"], trial["meta"]
-        cfg = TrainConfig.from_dict(train).validate()     # unknown keys would raise here
+        train = meta = trial
+        cfg = TrainConfig.from_dict(train_options(train)).validate()     # unknown keys would raise here
         assert cfg.optimizer == "adam" and cfg.clip_fn == "auto_s" and cfg.seed in (0, 7)
         privacy = plan_privacy(cfg, N)                     # the trainer's own q, T; σ taken as given
         assert (privacy.sample_rate, privacy.steps) == (meta["sample_rate"], meta["steps"])
@@ -50,8 +51,8 @@ def test_trial_specs_are_valid_train_configs_with_the_planned_privacy(catalog, t
         assert cfg.learning_rate == pytest.approx(1.0 * math.sqrt(cfg.batch_size / 20) * meta["lr_multiplier"])
         assert cfg.batch_size in searched and cfg.clip_bound in (0.1, 1.0, 10.0)
         assert meta["cell"] == f"toy/mlp/E=2/delta=1e-05/eps={cfg.epsilon:g}"
-    configs = {(t["train"]["epsilon"], t["train"]["clip_bound"], t["train"]["batch_size"], t["meta"]["lr_multiplier"],
-                t["train"]["seed"]) for t in trials}
+    configs = {(t["epsilon"], t["clip_bound"], t["batch_size"], t["lr_multiplier"],
+                t["seed"]) for t in trials}
     assert len(configs) == len(trials)                     # the grid, without repeats
 
 
@@ -64,14 +65,14 @@ def test_max_batch_sizes_searches_b_spread_across_the_plateau(catalog, toy_spec,
     for cell in plan:
         kept = cell.batches.loc[cell.batches["kept"], "batch_size"].tolist()
         assert kept == [5, 10, 20, 40] and cell.searched_batch_sizes == searched
-        assert {t["train"]["batch_size"] for t in cell.trials()} == set(searched)
+        assert {t["batch_size"] for t in cell.trials()} == set(searched)
 
 
 def test_random_search_samples_the_pruned_grid_reproducibly(catalog, toy_spec):
     def sample(seed):
         spec = load_spec(toy_spec(search={"algorithm": "random", "budget": 7, "seed": seed}), catalog)
         plan = plan_sweep(spec, catalog, workers=1)
-        return plan, [[(t["train"]["clip_bound"], t["train"]["batch_size"], t["meta"]["lr_multiplier"])
+        return plan, [[(t["clip_bound"], t["batch_size"], t["lr_multiplier"])
                        for t in cell.trials()] for cell in plan]
 
     plan, first = sample(0)
@@ -158,3 +159,17 @@ def test_expected_cost_counts_steps_and_examples(catalog, toy_spec):
     per_clip_and_lr = [(80, 5), (40, 10), (20, 20), (10, 40)]              # (T, B) of the searched B
     assert steps == 9 * sum(t for t, _ in per_clip_and_lr)
     assert examples == 9 * sum(t * b for t, b in per_clip_and_lr) == 9 * 4 * 400
+
+
+def test_an_infinite_epsilon_is_the_non_private_baseline_of_its_neighbours(catalog, toy_spec):
+    """ε = inf on the axis: σ = 0 for every B without calling the accountant, nothing dropped by the
+    plateau (σ√T = 0 everywhere), and one C (nothing is clipped)."""
+    spec = load_spec(toy_spec(axes={"epsilon": [1, ".inf"], "delta": 1e-5, "backbone": ["mlp"], "dataset": ["toy"],
+                                    "epochs": [2]}), catalog)
+    private, baseline = plan_sweep(spec, catalog, workers=1).cells
+    assert math.isinf(baseline.cell.epsilon) and not baseline.cell.private and private.cell.private
+    kept = [r for r in baseline.rows if r["kept"]]
+    assert [r["batch_size"] for r in kept] == [5, 10, 20, 40]           # 100: T = 4 < min_steps; 400 > N
+    assert all(r["noise_multiplier"] == 0 and r["noise_sqrt_steps"] == 0 for r in kept)
+    assert baseline.clip_bounds == (10.0,) and private.clip_bounds == (0.1, 1.0, 10.0)
+    assert {t["noise_multiplier"] for t in baseline.trials()} == {0.0}

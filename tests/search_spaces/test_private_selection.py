@@ -60,7 +60,7 @@ def test_the_plan_draws_k_seeded_trials_whose_total_meets_the_cell_budget(catalo
     law = TrialCount.of("truncated_negative_binomial", 4, 1)
     score = score_noise_multiplier(0.3, 20)
     for t, (c, b, m, seed) in zip(trials, cell.draws):
-        train, meta = t["train"], t["meta"]
+        train = meta = t
         assert (train["clip_bound"], train["batch_size"], train["seed"]) == (c, b, seed)
         assert train["split_seed"] == 0 and train["score_noise"] == 0.3 and train["validation_fraction"] == 0.1
         assert meta["selection_k"] == len(cell.draws)

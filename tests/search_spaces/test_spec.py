@@ -37,9 +37,9 @@ def test_scalars_numeric_strings_and_log_spaced_clip_grid(catalog, toy_spec):
     (dict(pruning={"min_step": 20}), "pruning.min_step: unknown key 'min_step' (did you mean 'min_steps'?); "
                                      "allowed: max_batch_sizes, min_steps, plateau_tol"),
     (dict(axes={"epsilon": [1, 0], "backbone": "mlp", "dataset": "toy", "epochs": 1}),
-     "axes.epsilon[1]: must be a finite number > 0; got 0"),
+     "axes.epsilon[1]: must be a number > 0, or inf for the non-private baseline; got 0"),
     (dict(axes={"epsilon": -2, "backbone": "mlp", "dataset": "toy", "epochs": 1}), "axes.epsilon: must be"),
-    (dict(axes={"epsilon": ".inf", "backbone": "mlp", "dataset": "toy", "epochs": 1}), "finite"),
+    (dict(axes={"epsilon": "-inf", "backbone": "mlp", "dataset": "toy", "epochs": 1}), "or inf for the non-private"),
     (dict(clip_bound=[]), "clip_bound: must be a value or a non-empty list"),
     (dict(batch_size=[]), "batch_size: must be a value or a non-empty list"),
     (dict(learning_rate={"reference": 1, "reference_batch_size": 8, "multipliers": []}),

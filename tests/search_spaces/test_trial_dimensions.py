@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from dptune.platform.trial_config import train_options
 from dptune.trainables.config import check_option
 from dptune.platform.catalog import trainables_catalog
 from dptune.search_spaces import load_spec, plan_sweep
@@ -60,14 +61,14 @@ def test_plan_counts_every_combination_like_a_brute_force_enumeration(cat, toy_s
         n_c = 1 if {**trial, **options}.get("clip_fn") == "auto_s" else 3      # auto_s: one C stands for all
         expected += n_c * len(cell.searched_batch_sizes) * 3 * 2
         for t in cell.trials():
-            train = t["train"]
-            cfg = TrainConfig.from_dict(train).validate()
+            train = t
+            cfg = TrainConfig.from_dict(train_options(train)).validate()
             for k, v in options.items():
                 assert getattr(cfg, k) == v
             for k, v in trial.items():
                 if not isinstance(v, list) or k == "diagnostics":
                     assert getattr(cfg, k) == v
-            key = (t["meta"]["cell"], train["clip_bound"], train["batch_size"], train["learning_rate"], train["seed"])
+            key = (t["cell"], train["clip_bound"], train["batch_size"], train["learning_rate"], train["seed"])
             assert key not in seen
             seen.add(key)
     assert plan.num_trials == len(plan.trials()) == expected == len(seen)
@@ -90,7 +91,7 @@ def test_a_searched_norm_estimator_calibrates_sigma_per_sub_cell(toy_spec, cat, 
     assert [dict(c.cell.options) for c in plan] == [{"norm_estimator": "exact"}, {"norm_estimator": "hutchinson"}]
     assert {(r.norm_estimator, r.sketch_k) for r in asked} == {("exact", None), ("hutchinson", 8)}
     assert (exact.rows[0]["noise_multiplier"], hutch.rows[0]["noise_multiplier"]) == (1.0, 2.0)
-    assert [(t["train"]["norm_estimator"], t["train"]["sketch_k"], t["meta"]["noise_multiplier"])
+    assert [(t["norm_estimator"], t["sketch_k"], t["noise_multiplier"])
             for t in (exact.trials()[0], hutch.trials()[0])] == [("exact", None, 1.0), ("hutchinson", 8, 2.0)]
 
 

@@ -120,6 +120,7 @@ def test_training_with_a_validation_split_selects_on_it_and_reports_test_accurac
 def test_the_planner_calibrates_for_the_examples_trained_on():
     from dptune.platform.catalog import trainables_catalog
     from dptune.platform.trainable import check_plan
+    from dptune.platform.trial_config import plan_figures, train_config
     from dptune.search_spaces import load_spec, plan_sweep
 
     spec = {"axes": {"epsilon": 2, "backbone": {"name": "mlp", "hidden": 16}, "dataset": "digits", "epochs": 1},
@@ -128,8 +129,8 @@ def test_the_planner_calibrates_for_the_examples_trained_on():
     plan = plan_sweep(load_spec(spec, trainables_catalog()), trainables_catalog(), workers=1)
     assert plan.cells[0].dataset_size == 1437 - math.ceil(0.1 * 1437)
     trial = plan.cells[0].trials()[0]
-    assert trial["train"]["validation_fraction"] == 0.1
-    check_plan(trial["meta"], Trainer(TrainConfig.from_dict(trial["train"])))   # q and T are the trainer's
+    assert trial["validation_fraction"] == 0.1
+    check_plan(plan_figures(trial), Trainer(train_config(trial)))   # q and T are the trainer's
 
 
 def test_validation_split_of_a_tokenised_set_reads_labels_without_inputs():
