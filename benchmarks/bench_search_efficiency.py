@@ -88,7 +88,7 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
     hits: dict[str, list[float]] = {cell: [] for cell in targets}
     for seed in SAMPLER_SEEDS:
         searcher = SweepSearcher(plan(catalog, pruning=pruning,
-                                      search={"algorithm": "optuna", "budget": budget, "seed": seed}))
+                                      search={"algorithm": "optuna", "budget": budget, "seed": seed}), metric="accuracy")
         seen = {cell: 0 for cell in targets}
         first = {cell: float("inf") for cell in targets}
         i = 0

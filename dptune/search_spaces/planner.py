@@ -159,6 +159,17 @@ class CellPlan:
             return len(self.draws)
         return self.num_configurations * len(self.space.seeds)
 
+    def values(self, indices: tuple[int, int, int]) -> tuple[float, int, float]:
+        """(C, B, η multiplier) at ``indices`` into this cell's candidates (its C grid, searched B and
+        η multipliers): the one conversion of a configuration's position to its values."""
+        ci, bi, mi = indices
+        return self.clip_bounds[ci], self.searched_batch_sizes[bi], self.space.learning_rate.multipliers[mi]
+
+    def indices(self, clip_bound: float, batch_size: int, lr_multiplier: float) -> tuple[int, int, int]:
+        """The positions of (C, B, η multiplier) in this cell's candidates (:meth:`values` reversed)."""
+        return (self.clip_bounds.index(clip_bound), self.searched_batch_sizes.index(batch_size),
+                self.space.learning_rate.multipliers.index(lr_multiplier))
+
     def row(self, batch_size: int) -> Row:
         return next(row for row in self.rows if row["batch_size"] == batch_size)
 

@@ -10,7 +10,7 @@ import pytest
 from ray.tune.search import Searcher
 
 from dptune.trainables.config import check_option
-from dptune.platform.searcher import SweepSearcher
+from dptune.platform.searcher import SweepSearcher, chained
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 from dptune.platform.trial_config import train_config
 from dptune.trainables.config import TrainConfig
@@ -48,7 +48,7 @@ def drive(searcher, fully_clipped_at):
 
 def test_smaller_clips_of_a_fully_clipped_trial_are_recorded_not_trained(catalog):
     plan = plan_of(catalog, seeds=(0, 1))
-    searcher = SweepSearcher(plan)
+    searcher = SweepSearcher(plan, metric="accuracy")
     handed = drive(searcher, {(10, 1.0): 1.0, (20, 2.0): 10.0})
     # (10, ×1): C = 10 not fully clipped, C = 1 fully clipped → 0.1 and 0.01 equivalent;
     # (20, ×2): C = 10 fully clipped → 1, 0.1, 0.01 equivalent; the two other chains run every C
@@ -69,7 +69,7 @@ def test_smaller_clips_of_a_fully_clipped_trial_are_recorded_not_trained(catalog
 
 def test_one_seed_not_fully_clipped_keeps_training(catalog):
     plan = plan_of(catalog, seeds=(0, 1))
-    searcher = SweepSearcher(plan)
+    searcher = SweepSearcher(plan, metric="accuracy")
     i = 0
     while (config := searcher.suggest(f"t{i}")) != Searcher.FINISHED:
         seed = config["seed"]
@@ -80,7 +80,7 @@ def test_one_seed_not_fully_clipped_keeps_training(catalog):
 
 def test_a_chain_waits_for_its_larger_clip_and_other_chains_go_on(catalog):
     plan = plan_of(catalog)
-    searcher = SweepSearcher(plan)
+    searcher = SweepSearcher(plan, metric="accuracy")
     running = [searcher.suggest(f"r{i}") for i in range(4)]          # the largest C of each of the 4 chains
     assert all(c["clip_bound"] == 10.0 for c in running)
     assert searcher.suggest("r4") is None                           # every chain waits: not FINISHED
@@ -92,8 +92,8 @@ def test_a_chain_waits_for_its_larger_clip_and_other_chains_go_on(catalog):
 
 def test_auto_s_and_stopped_trials_are_not_chained(catalog):
     plan = plan_of(catalog, clip_fn="auto_s")
-    assert not SweepSearcher(plan).chained(0)
-    searcher = SweepSearcher(plan_of(catalog))
+    assert not chained(plan, 0)
+    searcher = SweepSearcher(plan_of(catalog), metric="accuracy")
     config = searcher.suggest("a")
     searcher.on_trial_complete("a", {"accuracy": 0.3, "fully_clipped": 1, "step": 13, "steps": 40})  # stopped early
     assert searcher.equivalents == []
@@ -147,7 +147,7 @@ def test_under_auto_s_the_planner_collapses_the_clip_axis_and_says_so(catalog):
     assert flat.notes == [] and len(flat.cells[0].grid) == 16
     assert auto.cells[0].clip_bounds == (10.0,) and len(auto.cells[0].grid) == 4 and auto.num_trials == 4
     assert "collapsed to C = 10" in auto.notes[0] and "auto_s" in auto.notes[0]
-    handed = drive(SweepSearcher(auto), {})
+    handed = drive(SweepSearcher(auto, metric="accuracy"), {})
     assert {c for _, _, c, _ in handed} == {10.0} and len(handed) == 4
 
 

@@ -4,7 +4,7 @@ import itertools
 from ray.tune.search import Searcher
 
 from dptune.trainables.config import check_option
-from dptune.platform.searcher import SweepSearcher
+from dptune.platform.searcher import SweepSearcher, chained
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 
 CATALOG = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: 200,
@@ -21,7 +21,7 @@ def plan(trial: dict):
 
 def test_the_grid_searcher_hands_out_every_sub_cell_trial_with_its_options():
     p = plan({"denoise": [None, "rmt"], "clip_fn": ["flat", "auto_s"]})
-    searcher = SweepSearcher(p, clip_equivalence=False)
+    searcher = SweepSearcher(p, metric="accuracy", clip_equivalence=False)
     handed = []
     while (config := searcher.suggest(f"t{len(handed)}")) != Searcher.FINISHED:
         trial = config
@@ -39,9 +39,9 @@ def test_the_grid_searcher_hands_out_every_sub_cell_trial_with_its_options():
 
 def test_clip_equivalence_and_warm_start_neighbours_stay_within_a_sub_cell():
     p = plan({"denoise": [None, "rmt"], "clip_fn": ["flat", "auto_s"]})
-    searcher = SweepSearcher(p)
+    searcher = SweepSearcher(p, metric="accuracy")
     cells = [c.cell for c in p.cells]
     for i, c in enumerate(cells):
         expected = [j for j, o in enumerate(cells) if j != i and o.options == c.options]   # the other ε, same options
         assert searcher.neighbours(i) == expected
-        assert searcher.chained(i) == (dict(c.options)["clip_fn"] == "flat")
+        assert chained(p, i) == (dict(c.options)["clip_fn"] == "flat")

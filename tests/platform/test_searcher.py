@@ -1,4 +1,7 @@
-"""SweepSearcher: the Ray Tune searcher over a plan (grid, random, Optuna TPE)."""
+"""SweepSearcher: the Ray Tune searcher over a plan (grid, random, Optuna TPE), checked against
+configurations written out from the spec and figures computed here (q = B/N, T = ⌈E·N/B⌉, σ from
+the accountant, η = η_ref·√(B/B_ref)·m)."""
+import itertools
 import math
 
 import pytest
@@ -6,7 +9,10 @@ from ray.tune.search import Searcher
 
 from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
+from dptune.privacy import calibrate_noise
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
+
+N, EPOCHS, SEARCHED_B = 200, 2, (5, 10, 20, 40)   # B = 100 has T = 4 < min_steps 5; 400 > N
 
 
 @pytest.fixture
@@ -58,42 +64,56 @@ def optuna_plan(catalog, toy_spec):
 
 
 def key(trial: dict) -> tuple:
-    return trial["clip_bound"], trial["batch_size"], trial["lr_multiplier"], \
-        trial["seed"]
+    return trial["clip_bound"], trial["batch_size"], trial["lr_multiplier"], trial["seed"]
 
 
-def test_grid_searcher_hands_out_the_plan_then_finishes(catalog, toy_spec):
+def assert_planned(trial: dict) -> None:
+    """q, T, σ, σ√T and η of a trial, computed here from its C, B, ε and multiplier."""
+    b = trial["batch_size"]
+    q, steps = b / N, math.ceil(EPOCHS * N / b)
+    assert (trial["sample_rate"], trial["steps"]) == (q, steps)
+    assert trial["noise_multiplier"] == calibrate_noise(trial["epsilon"], 1e-5, q, steps)
+    assert trial["noise_sqrt_steps"] == pytest.approx(trial["noise_multiplier"] * math.sqrt(steps))
+    assert trial["learning_rate"] == pytest.approx(1.0 * math.sqrt(b / 20) * trial["lr_multiplier"])
+    assert trial["cell"] == f"toy/mlp/E=2/delta=1e-05/eps={trial['epsilon']:g}"
+
+
+def test_grid_searcher_hands_out_every_configuration_once_per_seed_then_finishes(catalog, toy_spec):
     plan = plan_sweep(load_spec(toy_spec(seeds=[0, 1]), catalog), catalog, workers=1)
-    searcher = SweepSearcher(plan, clip_equivalence=False)
-    assert run(searcher) == plan.trials()
+    expected = sorted(itertools.product([1.0, 4.0], [0.1, 1.0, 10.0], SEARCHED_B, [0.5, 1.0, 2.0], [0, 1]))
+    searcher = SweepSearcher(plan, metric="accuracy", clip_equivalence=False)
+    trials = run(searcher)
+    assert sorted((t["epsilon"], *key(t)) for t in trials) == expected
+    assert [t["epsilon"] for t in trials] == sorted(t["epsilon"] for t in trials)   # cell by cell
+    for trial in trials:
+        assert_planned(trial)
     assert searcher.suggest("again") == Searcher.FINISHED
-    chained = SweepSearcher(plan)            # clip-equivalence: same trials, each C grid largest first
-    assert sorted(map(key, run(chained))) == sorted(map(key, plan.trials()))
+    chained = SweepSearcher(plan, metric="accuracy")   # clip-equivalence: same trials, each C grid largest first
+    assert sorted((t["epsilon"], *key(t)) for t in run(chained)) == expected
     assert chained.suggest("again") == Searcher.FINISHED and chained.equivalents == []
 
 
 def test_optuna_is_deterministic_for_a_seed_and_proposes_only_pruned_candidates(optuna_plan):
     plan = optuna_plan(seed=3)
-    cell = plan.cells[0]
-    assert cell.searched_batch_sizes == (5, 10, 20, 40)          # B = 100 (T < min_steps) and 400 (> N) pruned
-    first, second = run(SweepSearcher(plan)), run(SweepSearcher(plan))
+    first, second = run(SweepSearcher(plan, metric="accuracy")), run(SweepSearcher(plan, metric="accuracy"))
     assert [key(t) for t in first] == [key(t) for t in second]
     assert len(first) == 12 == plan.num_trials                    # the budget, then FINISHED
     assert len({key(t) for t in first}) == 12                     # repeats are answered, not re-run
     for trial in first:
-        assert trial["batch_size"] in cell.searched_batch_sizes
-        assert trial["clip_bound"] in plan.space.clip_bounds
-        assert trial == cell.trial_config(*key(trial))            # σ, T, q, η exactly as planned
-    other = run(SweepSearcher(optuna_plan(seed=4)))
+        assert trial["batch_size"] in SEARCHED_B
+        assert trial["clip_bound"] in (0.01, 0.1, 1.0, 10.0, 100.0) and trial["lr_multiplier"] in (0.5, 1.0, 2.0)
+        assert_planned(trial)
+    other = run(SweepSearcher(optuna_plan(seed=4), metric="accuracy"))
     assert [key(t) for t in other] != [key(t) for t in first]
 
 
 def test_tpe_uses_the_results(optuna_plan):
     """After its random start, TPE concentrates near the optimum: better than the grid average."""
     plan = optuna_plan(seed=0, budget=30)
-    trials = run(SweepSearcher(plan))
-    grid_mean = sum(objective(plan.cells[0].trial_config(c, b, m, 0))
-                    for c, b, m in plan.cells[0].grid) / len(plan.cells[0].grid)
+    trials = run(SweepSearcher(plan, metric="accuracy"))
+    grid = [{"clip_bound": c, "batch_size": b, "learning_rate": math.sqrt(b / 20) * m}
+            for c, b, m in itertools.product([0.01, 0.1, 1, 10, 100], SEARCHED_B, [0.5, 1, 2])]
+    grid_mean = sum(map(objective, grid)) / len(grid)
     late = [objective(t) for t in trials[15:]]
     assert sum(late) / len(late) > grid_mean
     assert max(objective(t) for t in trials) == pytest.approx(1.0)   # the optimum was found
@@ -101,33 +121,34 @@ def test_tpe_uses_the_results(optuna_plan):
 
 def test_every_configuration_runs_once_per_seed_and_optuna_sees_the_mean(optuna_plan):
     plan = optuna_plan(seeds=(0, 1), budget=4)
-    searcher = SweepSearcher(plan)
+    searcher = SweepSearcher(plan, metric="accuracy")
     trials = run(searcher, value=lambda train: objective(train) + 0.01 * train["seed"])
     assert len(trials) == 8 == plan.num_trials
     assert [t["seed"] for t in trials] == [0, 1] * 4
     assert all(key(a)[:3] == key(b)[:3] for a, b in zip(trials[::2], trials[1::2]))
     best_indices, best_value = searcher.best(0)
-    c, b, m = searcher._values(0, best_indices)
-    assert best_value == pytest.approx(objective(plan.cells[0].trial_config(c, b, m, 0)) + 0.005)
+    best = max(trials[::2], key=objective)
+    assert plan.cells[0].values(best_indices) == key(best)[:3]
+    assert best_value == pytest.approx(objective(best) + 0.005)   # the mean over seeds 0 and 1
 
 
 def test_a_failed_trial_is_told_as_failed(optuna_plan):
     plan = optuna_plan(budget=3)
-    searcher = SweepSearcher(plan)
+    searcher = SweepSearcher(plan, metric="accuracy")
     searcher.suggest("a")
     searcher.on_trial_complete("a", None, error=True)
-    study = searcher._optuna[0]._ot_study
+    study = searcher.cells[0].strategy.study
     assert [t.state.name for t in study.trials] == ["FAIL"]
     assert searcher.best(0) is None
 
 
 def test_save_and_restore_continue_the_same_search(optuna_plan, tmp_path):
     plan = optuna_plan(seed=5)
-    uninterrupted = run(SweepSearcher(plan))
-    before = SweepSearcher(plan)
+    uninterrupted = run(SweepSearcher(plan, metric="accuracy"))
+    before = SweepSearcher(plan, metric="accuracy")
     head = run(before, limit=5)
     before.save(str(tmp_path / "searcher.pkl"))
-    after = SweepSearcher(plan)
+    after = SweepSearcher(plan, metric="accuracy")
     after.restore(str(tmp_path / "searcher.pkl"))
     tail = run(after, start=5)
     assert [key(t) for t in head + tail] == [key(t) for t in uninterrupted]
@@ -135,7 +156,7 @@ def test_save_and_restore_continue_the_same_search(optuna_plan, tmp_path):
 
 def test_warm_start_begins_at_the_neighbouring_optimum(optuna_plan):
     plan = optuna_plan(epsilon=(1, 4), warm_start=True, budget=8)
-    searcher = SweepSearcher(plan)
+    searcher = SweepSearcher(plan, metric="accuracy")
     trials = run(searcher)
     first_cell, second_cell = trials[:8], trials[8:]
     assert {t["cell"] for t in first_cell} == {plan.cells[0].cell.key}
@@ -145,7 +166,7 @@ def test_warm_start_begins_at_the_neighbouring_optimum(optuna_plan):
         (best["clip_bound"], best["lr_multiplier"])
     nearest = min(plan.cells[1].searched_batch_sizes, key=lambda b: abs(math.log(b / best["batch_size"])))
     assert start["batch_size"] == nearest
-    cold = run(SweepSearcher(optuna_plan(epsilon=(1, 4), warm_start=False, budget=8)))
+    cold = run(SweepSearcher(optuna_plan(epsilon=(1, 4), warm_start=False, budget=8), metric="accuracy"))
     assert [key(t) for t in cold[:8]] == [key(t) for t in first_cell]   # the first cell is unaffected
     assert key(cold[8]) != key(second_cell[0])                          # and TPE alone starts elsewhere
 
@@ -156,18 +177,18 @@ def test_repeats_are_never_trained_twice_and_every_proposal_is_answered(optuna_p
                               search={"algorithm": "optuna", "budget": 4}), catalog)
     plan = plan_sweep(spec, catalog, workers=1)
     assert len(plan.cells[0].grid) == 4                            # 1 C × 4 B × 1 η
-    searcher = SweepSearcher(plan)
+    searcher = SweepSearcher(plan, metric="accuracy")
     running = [searcher.suggest(f"r{i}") for i in range(4)]        # four trials in flight at once
     assert len({key(c) for c in running}) == 4            # running configurations are not re-proposed
     assert searcher.suggest("r4") == Searcher.FINISHED
     for i, config in enumerate(running):
         searcher.on_trial_complete(f"r{i}", {"accuracy": objective(config)})
-    states = {t.state.name for t in searcher._optuna[0]._ot_study.trials}
+    states = {t.state.name for t in searcher.cells[0].strategy.study.trials}
     assert states <= {"COMPLETE", "FAIL"}                          # nothing left dangling in the study
 
     small = plan_sweep(load_spec(toy_spec(clip_bound=[1], learning_rate={"reference": 1, "reference_batch_size": 20},
                                           axes={"epsilon": 1, "backbone": "mlp", "dataset": "toy", "epochs": 2},
                                           search={"algorithm": "optuna", "budget": 4, "seed": 1}), catalog),
                        catalog, workers=1)
-    sequential = run(SweepSearcher(small))
+    sequential = run(SweepSearcher(small, metric="accuracy"))
     assert len(sequential) == len({key(t) for t in sequential}) <= 4

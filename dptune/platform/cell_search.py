@@ -1,0 +1,245 @@
+"""The search of one cell: a small strategy per algorithm, with seeds, clip-equivalence and warm
+starts composed around it (in the manner of Ray Tune's ``Repeater(ConcurrencyLimiter(…))``).
+
+A **configuration** is a position in the cell's pruned candidates, ``(C, B, η multiplier)`` indices
+(:meth:`~dptune.search_spaces.planner.CellPlan.values` turns them into values). A strategy
+proposes configurations (``ask``) and is told each one's result (``tell``):
+
+- :class:`Ordered`: a fixed list, in order: the grid, a random search's seeded sample, or private
+  selection's K draws;
+- :class:`TPE`: Optuna's TPE sampler over the indices (seeded per cell, ``constant_liar`` so that
+  parallel trials spread out); a proposal that repeats a finished configuration is answered from
+  its result and one that repeats a running configuration is discarded, without training; after
+  ``MAX_REPEATS`` such proposals in a row the cell's search has converged.
+
+Around a strategy:
+
+- :class:`ClipChains` (clip-equivalence, grid cells with flat clipping): each (B, η)'s C run
+  largest first; once a configuration clipped every example at every step in every seed, its
+  smaller C are recorded as equivalent instead of trained (NOT private: it reads per-sample norms);
+- :class:`WarmStart`: the cell's first proposal is a point given when the cell starts (the best
+  finished configuration of a neighbouring cell, mapped into this one);
+- :class:`CellSearch` runs each configuration once per training seed and tells the strategy the
+  mean (private draws carry their own seed and run once).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+if TYPE_CHECKING:
+    from ..search_spaces.planner import CellPlan
+
+Indices = tuple[int, int, int]
+#: What ``ask`` returns when it has nothing to hand out until a running configuration ends.
+WAIT = "wait"
+#: Repeated proposals in a row after which a cell's TPE search counts as converged.
+MAX_REPEATS = 100
+INDEX_NAMES = ("clip_index", "batch_index", "lr_index")
+
+
+@dataclass
+class Outcome:
+    """A configuration's result over its seeds: the mean metric (None when a seed failed or had no
+    result) and, per seed, its Ray trial id and whether it clipped every example at every step."""
+
+    key: object
+    mean: Optional[float]
+    clipped: dict = field(default_factory=dict)   # seed → (Ray trial id, fully clipped)
+
+
+class Ordered:
+    """A fixed list of configurations, handed out in order."""
+
+    def __init__(self, keys: Sequence[object]) -> None:
+        self.queue = deque(keys)
+
+    def ask(self, search: "CellSearch") -> object | None:
+        return self.queue.popleft() if self.queue else None
+
+    def tell(self, outcome: Outcome) -> list:
+        return []
+
+
+class TPE:
+    """Optuna's TPE over the cell's indices (see the module docstring)."""
+
+    def __init__(self, sizes: Indices, *, seed: int, startup_trials: int, mode: str) -> None:
+        self.sizes, self.seed, self.startup_trials, self.mode = sizes, seed, startup_trials, mode
+        self.study = None
+        self.asked: dict[Indices, list] = {}   # configuration → its Optuna trials awaiting a result
+        self.enqueued: list[Indices] = []
+
+    def enqueue(self, indices: Indices) -> None:
+        """Propose ``indices`` first (a warm start)."""
+        self.enqueued.append(indices)
+
+    def _start(self) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # one INFO line per study and trial otherwise
+        sampler = optuna.samplers.TPESampler(seed=self.seed, constant_liar=True, n_startup_trials=self.startup_trials)
+        self.study = optuna.create_study(sampler=sampler, direction="maximize" if self.mode == "max" else "minimize")
+        for indices in self.enqueued:
+            self.study.enqueue_trial(dict(zip(INDEX_NAMES, indices)))
+
+    def ask(self, search: "CellSearch") -> Indices | None:
+        """A new configuration, or None once TPE only repeats known ones."""
+        from optuna.trial import TrialState
+
+        if self.study is None:
+            self._start()
+        for _ in range(MAX_REPEATS):
+            trial = self.study.ask()
+            indices = tuple(trial.suggest_int(name, 0, size - 1) for name, size in zip(INDEX_NAMES, self.sizes))
+            if indices not in search.finished and indices not in search.running_keys():
+                self.asked.setdefault(indices, []).append(trial)
+                return indices
+            known = search.finished.get(indices)  # a repeat: answered (or discarded) without training
+            if known is None:
+                self.study.tell(trial, state=TrialState.FAIL)
+            else:
+                self.study.tell(trial, known)
+        return None
+
+    def tell(self, outcome: Outcome) -> list:
+        from optuna.trial import TrialState
+
+        trial = self.asked[outcome.key].pop(0)
+        if outcome.mean is None:
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self.study.tell(trial, outcome.mean)
+        return []
+
+
+class ClipChains:
+    """Clip-equivalence in a grid cell (see the module docstring): the grid's C of each (B, η)
+    handed out largest first, one at a time; asks WAIT while every chain waits for its larger C."""
+
+    def __init__(self, cell: "CellPlan") -> None:
+        order = sorted(range(len(cell.clip_bounds)), key=lambda i: cell.clip_bounds[i], reverse=True)
+        self.chains = {(bi, mi): [(ci, bi, mi) for ci in order]       # (B, η) → its C not handed out yet
+                       for bi in range(len(cell.searched_batch_sizes))
+                       for mi in range(len(cell.space.learning_rate.multipliers))}
+        self.running: set[tuple[int, int]] = set()
+
+    def ask(self, search: "CellSearch") -> object | None:
+        pending = [chain for chain, rest in self.chains.items() if rest]
+        for chain in pending:
+            if chain not in self.running:
+                self.running.add(chain)
+                return self.chains[chain].pop(0)
+        return WAIT if pending else None
+
+    def tell(self, outcome: Outcome) -> list[Indices]:
+        """The configurations now known to be equivalent to ``outcome``'s (its smaller C), if it
+        clipped every example at every step in every seed."""
+        chain = outcome.key[1:]
+        self.running.discard(chain)
+        if not all(fully for _, fully in outcome.clipped.values()):
+            return []
+        equivalent, self.chains[chain] = self.chains[chain], []
+        return equivalent
+
+
+class WarmStart:
+    """``inner``'s search, proposing ``point()`` (computed when the cell starts) first."""
+
+    def __init__(self, inner: TPE, point: Callable[[], Optional[Indices]]) -> None:
+        self.inner, self.point, self.started = inner, point, False
+
+    def ask(self, search: "CellSearch") -> object | None:
+        if not self.started:
+            self.started = True
+            start = self.point()
+            if start is not None:
+                self.inner.enqueue(start)
+        return self.inner.ask(search)
+
+    def tell(self, outcome: Outcome) -> list:
+        return self.inner.tell(outcome)
+
+
+@dataclass
+class _Running:
+    key: object
+    remaining: int                       # seeds still running
+    values: list = field(default_factory=list)
+    clipped: dict = field(default_factory=dict)
+
+
+class CellSearch:
+    """One cell's search: ``strategy`` proposes configurations, each runs once per seed of ``seeds``
+    (private draws: once, with their own seed), and the strategy is told the mean over seeds."""
+
+    def __init__(self, cell: "CellPlan", strategy: object, seeds: Sequence[int], *, mode: str = "max") -> None:
+        self.cell, self.strategy, self.seeds, self.mode = cell, strategy, tuple(seeds), mode
+        self.finished: dict[Indices, Optional[float]] = {}   # configuration → mean metric (None: failed)
+        self.running: dict[str, _Running] = {}               # proposal id → its seeds' results so far
+        self.handed_out = 0                                  # configurations handed out (or recorded equivalent)
+        self.proposals = 0                                   # proposal ids used
+
+    @property
+    def done(self) -> bool:
+        return self.handed_out >= self.cell.num_configurations
+
+    def running_keys(self) -> set:
+        return {r.key for r in self.running.values()}
+
+    def propose(self) -> tuple[str, list[dict]] | str | None:
+        """(proposal id, its trial configs, one per seed), WAIT, or None when the cell is done (all
+        handed out, or its search converged)."""
+        if self.done:
+            return None
+        key = self.strategy.ask(self)
+        if key is None:                  # converged, or nothing left: the cell is done
+            self.handed_out = self.cell.num_configurations
+            return None
+        if key == WAIT:
+            return WAIT
+        pid = f"{self.cell.cell.key}#{self.proposals}"
+        self.proposals += 1
+        self.handed_out += 1
+        configs = self.trial_configs(key)
+        self.running[pid] = _Running(key, len(configs))
+        return pid, configs
+
+    def trial_configs(self, key: object) -> list[dict]:
+        """A configuration's trials: one per seed (a private draw: its own)."""
+        if self.cell.private:
+            return [self.cell.draw_config(key)]
+        return [self.cell.trial_config(*self.cell.values(key), seed) for seed in self.seeds]
+
+    def result(self, pid: str, seed: int, trial_id: str, value: Optional[float], fully_clipped: bool) -> list[dict]:
+        """One trial's result; once all seeds of its configuration are in, the strategy is told the
+        mean. Returns the trials recorded as equivalent (clip-equivalence), each
+        ``{"source": Ray trial id of the same seed, "config": its trial config}``."""
+        running = self.running[pid]
+        running.values.append(value if value is not None and math.isfinite(value) else None)
+        running.clipped[seed] = (trial_id, fully_clipped)
+        running.remaining -= 1
+        if running.remaining:
+            return []
+        del self.running[pid]
+        mean = None if None in running.values else sum(running.values) / len(running.values)
+        # a private draw is its (C, B, η) with its own seed; the others are their indices
+        indices = self.cell.indices(*self.cell.draws[running.key][:3]) if self.cell.private else running.key
+        self.finished[indices] = mean
+        equivalents = []
+        for other in self.strategy.tell(Outcome(running.key, mean, running.clipped)):
+            self.finished[other] = mean
+            self.handed_out += 1
+            for config in self.trial_configs(other):
+                equivalents.append({"source": running.clipped[config["seed"]][0], "config": config})
+        return equivalents
+
+    def best(self) -> tuple[Indices, float] | None:
+        """The best finished configuration (indices, mean metric), or None."""
+        done = [(v, i) for i, v in self.finished.items() if v is not None]
+        if not done:
+            return None
+        value, indices = (max if self.mode == "max" else min)(done)
+        return indices, value
