@@ -22,6 +22,7 @@ import pandas as pd
 
 from dptune.platform.catalog import trainables_catalog
 from dptune.platform.launcher import RunSettings, start_ray
+from dptune.platform.spec_sections import Resources
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import run_sweep
 from dptune.search_spaces import load_spec, plan_sweep
@@ -40,8 +41,8 @@ def spec(args: argparse.Namespace, scheduler: dict | str) -> dict:
 def run(args: argparse.Namespace, name: str, scheduler: dict | str, storage: str) -> tuple[pd.DataFrame, float]:
     catalog = trainables_catalog()
     plan = plan_sweep(load_spec(spec(args, scheduler), catalog), catalog, progress=False)
-    settings = RunSettings(experiment=name, storage=storage, max_failures=0, max_concurrent=args.concurrent,
-                           verbose=0)
+    settings = RunSettings(experiment=name, storage=storage, max_failures=0,
+                           verbose=0, resources=Resources(max_concurrent=args.concurrent))
     start = time.time()
     run_sweep(plan, settings, out=open("/dev/null", "w"))
     rows = ResultsStore(settings.paths.store).table("trials").sort_values("written_at")

@@ -138,7 +138,7 @@ def run_finetune(args: argparse.Namespace) -> None:
         sigma = "–" if math.isinf(epsilon) else f"{_sigma(cfg):.3f}"
         setting = "non-private" if math.isinf(epsilon) else f"ε = {epsilon:g} (C = {args.clip:g})"
         spent = "∞" if math.isinf(last["epsilon_spent"]) else f"{last['epsilon_spent']:.2f}"
-        print(f"| {setting}, η = {lr:g} | {sigma} | {last['step']} | {last['accuracy']:.2%} | {spent} | "
+        print(f"| {setting}, η = {lr:g} | {sigma} | {last['step']} | {last['test_accuracy']:.2%} | {spent} | "
               f"{last['train_time_s']:.0f} |", flush=True)
 
 

@@ -165,7 +165,7 @@ def reevaluate(config: dict, epochs: int, seeds: int) -> list[float]:
                                       split_seed=SEED).validate())
         while not trainer.done:
             metrics = trainer.run_epoch()
-        accuracies.append(metrics["accuracy"])
+        accuracies.append(metrics["test_accuracy"])
     return accuracies
 
 

@@ -58,7 +58,7 @@ def _train(config: dict) -> tuple[float, float]:
         _data = load_dataset("digits", seed=0)
     start = time.perf_counter()
     history = run(train_config(config), progress=False, data=_data)
-    return history[-1]["accuracy"], time.perf_counter() - start
+    return history[-1]["test_accuracy"], time.perf_counter() - start
 
 
 def key(trial: dict) -> tuple[str, float, int, float]:

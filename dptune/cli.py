@@ -102,8 +102,12 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
           f"η={cfg.learning_rate:g}, {cfg.optimizer}", file=out)
     with tqdm(total=plan.steps, disable=args.quiet, unit="step", desc="training", file=sys.stderr) as bar:
         def report(m: dict, history: list) -> None:
-            line = (f"epoch {m['epoch']:>3}/{trainer.num_epochs}  step {m['step']:>5}  acc {m['accuracy']:.4f}  "
-                    f"loss {m['loss']:.4f}  ε {m['epsilon_spent']:.3f}")
+            line = f"epoch {m['epoch']:>3}/{trainer.num_epochs}  step {m['step']:>5}"
+            for key, label in (("test_accuracy", "test acc"), ("test_loss", "loss"), ("validation_accuracy", "val acc"),
+                               ("selection_score", "noisy score")):
+                if key in m:
+                    line += f"  {label} {m[key]:.4f}"
+            line += f"  ε {m['epsilon_spent']:.3f}"
             if cfg.private:
                 line += f"  clipped {m['clipped_fraction']:.2f}"
             tqdm.write(line, file=out)

@@ -64,7 +64,7 @@ class StoreCallback(tune.Callback):
         row = trial_row(trial.trial_id, resolved(trial.config), last, status=status, error=error,
                         experiment=self.paths.name)
         row["config_id"] = config_id(trial.config)
-        self.store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
+        self.store.write_trial(row, epoch_rows(history, row["metric"]), gradnorm_rows(history))
         self.store.compact_every(self.compact_every)
 
 

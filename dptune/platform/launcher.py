@@ -6,7 +6,7 @@ import logging
 import os
 import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -17,23 +17,27 @@ from .callbacks import StoreCallback
 from .progress import TrialLines
 from .ray_orphans import stop_orphans
 from .layout import DEFAULT_STORAGE, WORKER_RUNS, ExperimentPaths, absolute
-from .multi_worker import WorkerSpec, run_on_workers
+from .multi_worker import run_on_workers
+from .spec_sections import Resources
 from .trainable import dp_trainable
 
 
 @dataclass
 class RunSettings:
-    """Where and how trials run: experiment name, storage, per-trial resources, retries."""
+    """Where and how trials run: experiment name, storage, the spec's per-trial ``resources``, retries
+    (``max_failures``) and Ray Tune's own output (``verbose``; 0: none, dptune prints one line per
+    trial; 2 with ``dptune sweep --verbose``)."""
 
     experiment: str = "dptune"
     storage: str = DEFAULT_STORAGE
-    cpus_per_trial: float = 1.0
-    gpus_per_trial: float = 0.0
+    resources: Resources = field(default_factory=Resources)
     max_failures: int = 2
-    max_concurrent: int | None = None
-    workers: int = 1  # Ray Train workers per trial, each with cpus/gpus_per_trial (1: the trial is one process)
-    workers_from_batch_size: int | None = None  # trials with a smaller batch size run on one worker
-    verbose: int = 0  # Ray Tune's own output (0: none; dptune prints one line per trial); 2 with --verbose
+    verbose: int = 0
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunSettings":
+        """Settings saved as JSON (``dataclasses.asdict``) back into their types."""
+        return cls(**{**values, "resources": Resources(**values.get("resources", {}))})
 
     @property
     def paths(self) -> ExperimentPaths:
@@ -107,23 +111,23 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashbo
 def resourced(settings: RunSettings, function: Callable[..., None] = dp_trainable):
     """The trainable with the per-trial resources of ``settings`` (fractional GPUs allowed).
 
-    With ``settings.workers`` W > 1, a trial whose W is above one (:meth:`WorkerSpec.workers_for`)
+    With ``resources.workers`` W > 1, a trial whose W is above one (:meth:`Resources.workers_for`)
     gets ``on_workers``: its Tune function reserves nothing and runs the trial on W Ray Train
     workers of (cpu, gpu) each (:mod:`.multi_worker`)."""
-    if settings.workers <= 1:
-        return tune.with_resources(function, {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial})
-    spec = WorkerSpec(workers=settings.workers, cpu=settings.cpus_per_trial, gpu=settings.gpus_per_trial,
-                      max_failures=settings.max_failures, from_batch_size=settings.workers_from_batch_size,
-                      storage=f"{settings.paths.absolute().root}/{WORKER_RUNS}")
+    resources = settings.resources
+    if resources.workers <= 1:
+        return tune.with_resources(function, {"cpu": resources.cpu, "gpu": resources.gpu})
+    on_workers = functools.partial(run_on_workers, resources=resources, max_failures=settings.max_failures,
+                                   storage=f"{settings.paths.absolute().root}/{WORKER_RUNS}")
 
     @functools.wraps(function)
     def trial(config: dict) -> None:
-        if spec.workers_for(config) == 1:
+        if resources.workers_for(config) == 1:
             function(config)
         else:
-            function(config, on_workers=functools.partial(run_on_workers, spec=spec))
+            function(config, on_workers=on_workers)
 
-    return tune.with_resources(trial, spec.resources_for)
+    return tune.with_resources(trial, resources.placement)
 
 
 def max_concurrent(settings: RunSettings) -> int | None:
@@ -131,12 +135,13 @@ def max_concurrent(settings: RunSettings) -> int | None:
     given, as many trials as the cluster's CPUs (and GPUs) would hold if each ran on one worker, at
     least one. Multi-worker trials' Tune functions reserve next to nothing, so without a bound Tune
     would start every trial's function and Train controller at once, all waiting for workers."""
-    if settings.max_concurrent is not None or settings.workers <= 1 or not ray.is_initialized():
-        return settings.max_concurrent
+    resources = settings.resources
+    if resources.max_concurrent is not None or resources.workers <= 1 or not ray.is_initialized():
+        return resources.max_concurrent
     available = ray.cluster_resources()
-    fits = [available.get("CPU", 0.0) // settings.cpus_per_trial]
-    if settings.gpus_per_trial:
-        fits.append(available.get("GPU", 0.0) // settings.gpus_per_trial)
+    fits = [available.get("CPU", 0.0) // resources.cpu]
+    if resources.gpu:
+        fits.append(available.get("GPU", 0.0) // resources.gpu)
     return max(1, int(min(fits)))
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import queue as std_queue
 import threading
-from dataclasses import dataclass
 
 import ray
 import ray.train
@@ -30,43 +29,16 @@ from ray import tune
 
 from ..trainables.training import TrialDiverged, check_workers, divergence
 from . import tune_adapter
+from .spec_sections import Resources
 from .trainable import epoch_report, planned_trainer, run_state
 
 logging.getLogger("ray.train").setLevel(logging.WARNING)
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """How multi-worker trials run: ``workers`` W per trial (trials with a batch size below
-    ``from_batch_size`` run on one), ``cpu``/``gpu`` per worker, restarts after a worker failure,
-    and where Ray Train keeps each trial's run (``storage``: ``<experiment>/workers``)."""
-
-    workers: int = 1
-    cpu: float = 1.0
-    gpu: float = 0.0
-    max_failures: int = 2
-    from_batch_size: int | None = None
-    storage: str = ""
-
-    def workers_for(self, config: dict) -> int:
-        """W for one trial's flat config (1 below ``from_batch_size``)."""
-        batch = config.get("batch_size")
-        if self.from_batch_size is not None and batch is not None and int(batch) < self.from_batch_size:
-            return 1
-        return self.workers
-
-    def resources_for(self, config: dict) -> tune.PlacementGroupFactory:
-        """What Tune reserves for the trial: cpu/gpu for a one-worker trial; next to nothing for the
-        Tune function of a multi-worker trial (its Train workers reserve W × (cpu, gpu) themselves;
-        a fraction of a CPU would keep a worker needing a whole one off a full node)."""
-        if self.workers_for(config) == 1:
-            return tune.PlacementGroupFactory([{"CPU": self.cpu, "GPU": self.gpu}])
-        return tune.PlacementGroupFactory([{"memory": 1}])  # one byte: Tune refuses an empty request
-
-
-def run_on_workers(config: dict, spec: WorkerSpec) -> None:
-    """The Tune side of a multi-worker trial: start its Train run, relay every epoch's report
-    (metrics and state) to Tune, and raise what the run raised."""
+def run_on_workers(config: dict, resources: Resources, *, max_failures: int, storage: str) -> None:
+    """The Tune side of a multi-worker trial: start its Train run on ``resources.workers`` workers
+    (Ray Train keeps it under ``storage``; ``max_failures`` worker-group restarts), relay every
+    epoch's report (metrics and state) to Tune, and raise what the run raised."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty, Queue
@@ -76,15 +48,16 @@ def run_on_workers(config: dict, spec: WorkerSpec) -> None:
     if state is None:
         restored = None   # none, or incomplete: every worker starts the trial again
     else:
-        check_workers(state["trainer"], spec.workers)   # before any worker starts
+        check_workers(state["trainer"], resources.workers)   # before any worker starts
     reports = Queue(actor_options={"num_cpus": 0})
-    per_worker = {"CPU": spec.cpu, **({"GPU": spec.gpu} if spec.gpu else {})}
+    per_worker = {"CPU": resources.cpu, **({"GPU": resources.gpu} if resources.gpu else {})}
     trainer = TorchTrainer(
         _worker_loop, train_loop_config={"config": config, "restore": restored},
-        torch_config=TorchConfig(backend="nccl" if spec.gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpu > 0, resources_per_worker=per_worker),
-        run_config=RunConfig(name=f"trial-{tune.get_context().get_trial_id()}", storage_path=spec.storage,
-                             failure_config=FailureConfig(max_failures=spec.max_failures),
+        torch_config=TorchConfig(backend="nccl" if resources.gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=resources.workers, use_gpu=resources.gpu > 0,
+                                     resources_per_worker=per_worker),
+        run_config=RunConfig(name=f"trial-{tune.get_context().get_trial_id()}", storage_path=storage,
+                             failure_config=FailureConfig(max_failures=max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2), callbacks=[_Relay(reports)],
                              logging_config=LoggingConfig(log_level="WARNING")))  # no line per report
     outcome: dict = {}
@@ -140,9 +113,10 @@ def _worker_loop(loop_config: dict) -> None:
         config = {**config, "device": str(device)}
     trainer = planned_trainer(config, workers=workers)
     rank0 = workers.rank == 0
+    metric = config.get("metric", "test_accuracy")
 
     def report(metrics: dict, history: list) -> None:
-        tune_adapter.train_report(epoch_report(metrics, trainer, history),
+        tune_adapter.train_report(epoch_report(metrics, trainer, history, metric),
                                   state=run_state(trainer, history) if rank0 else None)
 
     # Train's latest checkpoint (after a worker restart), else the one Tune restored the trial from

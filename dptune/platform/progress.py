@@ -36,8 +36,9 @@ class TrialLines(tune.Callback):
         if "clip_bound" in train:
             parts.append(f"C={train['clip_bound']:g} B={train.get('batch_size')} η={train.get('learning_rate', 0):.3g}"
                          + (f" seed={train['seed']}" if "seed" in train else ""))
-        if "accuracy" in last:
-            parts.append(f"acc {last['accuracy']:.4f}")
+        value = last.get(train.get("metric", "test_accuracy"))
+        if value is not None:
+            parts.append(f"acc {value:.4f}")
         if "epsilon_spent" in last:
             parts.append(f"ε {last['epsilon_spent']:.3g}")
         started = self._started.pop(trial.trial_id, None)

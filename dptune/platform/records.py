@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ..trainables.config import LOSS_OF
 from .store import to_json
 
 AXES = ("dataset", "model", "epsilon", "delta", "epochs")
@@ -10,7 +11,15 @@ HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate", "optimizer", "mo
                    "norm_estimator", "sketch_k", "denoise", "denoise_kappa", "denoise_norm_correction",
                    "denoise_scope", "peft", "seed")
 SELECTION_FIELDS = ("selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
-EPOCH_FIELDS = ("epoch", "step", "accuracy", "loss", "epsilon_spent", "clipped_fraction", "train_time_s")
+EPOCH_FIELDS = ("epoch", "step", "epsilon_spent", "clipped_fraction", "train_time_s")
+
+
+def selected_on(metrics: dict, metric: str) -> dict:
+    """``accuracy`` and ``loss`` of a row: the sweep's ``metric`` (what it selected on, named in the
+    ``metric`` column) and that metric's loss, so the analysis reads one column whatever the sweep
+    compared: test accuracy, validation accuracy (NOT private) or private selection's noisy score."""
+    loss = LOSS_OF[metric]
+    return {"metric": metric, "accuracy": metrics.get(metric), "loss": None if loss is None else metrics.get(loss)}
 
 
 def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, error: str | None = None,
@@ -18,6 +27,7 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     """One ``trials`` row from a trial's flat config (:mod:`.trial_config`) and last result: axes,
     hyperparameters, privacy figures, final results, status, the config itself."""
     last = last or {}
+    metric = config.get("metric") or "test_accuracy"
     row = {"trial_id": trial_id, "experiment": experiment, "status": status, "error": error,
            "cell": config.get("cell")}
     row.update({k: config.get(k) for k in AXES + HYPERPARAMETERS})
@@ -30,11 +40,11 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     row["step"], row["fully_clipped"] = last.get("step"), last.get("fully_clipped")
     history = last.get("history", [])
     final = history[-1] if history else last  # the checkpointed history is authoritative
-    for k in ("epsilon_spent", "accuracy", "loss", "clipped_fraction", "train_time_s", "epoch"):
+    for k in ("epsilon_spent", "clipped_fraction", "train_time_s", "epoch"):
         row[k] = final.get(k)
+    row.update(selected_on(final, metric))
     row["per_class_accuracy"] = final.get("per_class_accuracy")
-    # with a validation split, accuracy is the validation accuracy selection used (NOT private)
-    for k in ("validation_accuracy", "test_accuracy"):
+    for k in ("validation_accuracy", "test_accuracy"):   # a validation split's accuracy is NOT private
         row[k] = final.get(k)
     row["validation_nonprivate"] = bool(final.get("validation_nonprivate", False))
     # private selection: K, this draw, per-trial and total ε, the noisy score; the selected trial's
@@ -47,11 +57,12 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     return row
 
 
-def epoch_rows(history: list[dict]) -> list[dict]:
-    """One ``epochs`` row per epoch: the curve, per-class accuracy and any extra scalar metrics."""
+def epoch_rows(history: list[dict], metric: str = "test_accuracy") -> list[dict]:
+    """One ``epochs`` row per epoch: the curve (``accuracy``/``loss``: the sweep's ``metric``, as in
+    the trials row), per-class accuracy and every other scalar metric under its own name."""
     rows = []
     for m in history:
-        row = {k: m.get(k) for k in EPOCH_FIELDS}
+        row = {**{k: m.get(k) for k in EPOCH_FIELDS}, **selected_on(m, metric)}
         row["per_class_accuracy"] = m.get("per_class_accuracy")
         row.update({k: v for k, v in m.items() if k not in row and isinstance(v, (int, float))
                     and not isinstance(v, bool)})

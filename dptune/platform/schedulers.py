@@ -52,7 +52,7 @@ class PerCellScheduler(FIFOScheduler):
     trials without a ``cell`` key run to the end. ``state``: the experiment whose folder keeps the
     groups' state."""
 
-    def __init__(self, settings: Scheduler, *, metric: str = "accuracy", mode: str = "max",
+    def __init__(self, settings: Scheduler, *, metric: str, mode: str = "max",
                  state: ExperimentPaths | None = None) -> None:
         super().__init__()
         self._metric, self._mode = metric, mode
@@ -149,7 +149,7 @@ class PerCellScheduler(FIFOScheduler):
             pass
 
 
-def build_scheduler(settings: Scheduler, paths: ExperimentPaths | None, *, metric: str = "accuracy",
+def build_scheduler(settings: Scheduler, paths: ExperimentPaths | None, *, metric: str,
                     mode: str = "max") -> TrialScheduler | None:
     """The sweep's scheduler (None for ``none``: every trial runs to its last epoch)."""
     if settings.name == "none":

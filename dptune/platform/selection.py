@@ -63,7 +63,7 @@ def release_selections(results: Iterable, paths: ExperimentPaths, *, out: TextIO
                         status="finished", experiment=paths.name)
         row["config_id"] = best.config_id
         row.update(selected=True, test_accuracy=selected_test_accuracy(state))
-        store.write_trial(row, epoch_rows(history), gradnorm_rows(history))
+        store.write_trial(row, epoch_rows(history, row["metric"]), gradnorm_rows(history))
         written.append(row)
         print(f"dptune: private selection of {cell}: K={k}, per-trial ε={row['trial_epsilon']:.3g}, total "
               f"ε={row['total_epsilon']:.3g}; released trial {row['trial_id']} (C={row['clip_bound']:g}, "

@@ -14,21 +14,46 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..search_spaces.spec import Catalog, SpecError, integer, mapping, number, register_section
 from .layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE
+
+if TYPE_CHECKING:
+    from ray import tune
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
 class Resources:
+    """What each trial gets, from the spec to its workers (one set of values, one name each hop):
+    ``cpu``/``gpu`` per trial, or per worker of a trial on ``workers`` W Ray Train workers (trials
+    with a batch size below ``workers_from_batch_size`` run on one); at most ``max_concurrent``
+    trials at once (None: as many as fit)."""
+
     cpu: float = 1.0
     gpu: float = 0.0
     max_concurrent: int | None = None
-    workers: int = 1                 # Ray Train workers per trial; cpu and gpu are per worker
-    workers_from_batch_size: int | None = None  # smaller batch sizes run on one worker
+    workers: int = 1
+    workers_from_batch_size: int | None = None
+
+    def workers_for(self, config: dict) -> int:
+        """W for one trial's flat config (1 below ``workers_from_batch_size``)."""
+        batch = config.get("batch_size")
+        if self.workers_from_batch_size is not None and batch is not None and int(batch) < self.workers_from_batch_size:
+            return 1
+        return self.workers
+
+    def placement(self, config: dict) -> "tune.PlacementGroupFactory":
+        """What Tune reserves for the trial: cpu/gpu for a one-worker trial; next to nothing for the
+        Tune function of a multi-worker trial (its Train workers reserve W × (cpu, gpu) themselves;
+        a fraction of a CPU would keep a worker needing a whole one off a full node)."""
+        from ray import tune
+
+        if self.workers_for(config) == 1:
+            return tune.PlacementGroupFactory([{"CPU": self.cpu, "GPU": self.gpu}])
+        return tune.PlacementGroupFactory([{"memory": 1}])  # one byte: Tune refuses an empty request
 
 
 @register_section("experiment", default=DEFAULT_EXPERIMENT, summary="experiment name (a folder under storage)")

@@ -53,11 +53,8 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
     with ``start_local_ray``, local Ray starts while they are calibrated (in other processes): a
     sweep's first trial then waits for neither in turn."""
     spec = load_spec(spec_path or DEFAULT_SPEC, trainables_catalog())
-    resources = spec["resources"]
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
-                           cpus_per_trial=resources.cpu, gpus_per_trial=resources.gpu,
-                           max_failures=spec["failure"], max_concurrent=resources.max_concurrent,
-                           workers=resources.workers, workers_from_batch_size=resources.workers_from_batch_size)
+                           resources=spec["resources"], max_failures=spec["failure"])
     if check is not None:
         check(settings)
     if address:
@@ -82,10 +79,10 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     Trials get flat configs (:mod:`.trial_config`); the spec's scheduler, if any, stops hopeless
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
     start_ray(address)
-    scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric="accuracy", mode="max")
+    scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode="max")
     tuner = tune.Tuner(
         resourced(settings) if trainable is None else resourced(settings, trainable),
-        tune_config=tune.TuneConfig(search_alg=SweepSearcher(plan, metric="accuracy", mode="max",
+        tune_config=tune.TuneConfig(search_alg=SweepSearcher(plan, metric=plan.metric, mode="max",
                                                              on_equivalent=EquivalenceLog(settings.paths.absolute())),
                                     num_samples=-1,
                                     scheduler=scheduler, reuse_actors=True,
@@ -150,7 +147,7 @@ def _load_settings(paths: ExperimentPaths) -> RunSettings:
     fs, root = paths.filesystem()
     try:
         with fs.open_input_stream(f"{root}/{SETTINGS_FILE}") as f:
-            return RunSettings(**json.loads(f.read()))
+            return RunSettings.from_dict(json.loads(f.read()))
     except FileNotFoundError:
         raise ValueError(f"{paths.root} was not started by `dptune sweep` (no {SETTINGS_FILE})") from None
 

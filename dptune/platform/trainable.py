@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from ..trainables.config import LOSS_OF
 from ..trainables.training import Trainer
 from . import tune_adapter
 from .trial_config import plan_figures, train_config
@@ -26,7 +27,8 @@ def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None)
         on_workers(config)
         return
     trainer = planned_trainer(config)
-    trainer.fit(lambda metrics, history: tune_adapter.report(epoch_report(metrics, trainer, history),
+    metric = config.get("metric", "test_accuracy")
+    trainer.fit(lambda metrics, history: tune_adapter.report(epoch_report(metrics, trainer, history, metric),
                                                              state=run_state(trainer, history)),
                 state=tune_adapter.restore_state())
 
@@ -54,12 +56,14 @@ def check_plan(planned: dict, trainer: Trainer) -> None:
                          f"with q={plan.sample_rate}, T={plan.steps}: its noise multiplier does not give the stated ε")
 
 
-def epoch_report(metrics: dict, trainer: Trainer, history: list[dict] | None = None) -> dict:
-    """Flat scalar metrics for Ray Tune (the headline ones first: the progress table shows them)
-    plus the run's privacy plan and ``fully_clipped`` (1 when every example of every step so far
-    was clipped: the searcher's clip-equivalence reads it; computed from private norms, NOT private)."""
-    head = {k: metrics[k] for k in ("accuracy", "loss", "epsilon_spent", "epoch") if k in metrics}
-    head = {"accuracy": math.nan, **head}   # private selection scores only at the end (Ray Tune wants the metric)
+def epoch_report(metrics: dict, trainer: Trainer, history: list[dict] | None = None,
+                 metric: str = "test_accuracy") -> dict:
+    """Flat scalar metrics for Ray Tune, the sweep's ``metric`` (what the searcher and scheduler
+    compare) and its loss first (the progress table shows them), plus the run's privacy plan and
+    ``fully_clipped`` (1 when every example of every step so far was clipped: the searcher's
+    clip-equivalence reads it; computed from private norms, NOT private)."""
+    head = {k: metrics[k] for k in (metric, LOSS_OF[metric], "epsilon_spent", "epoch") if k in metrics}
+    head = {metric: math.nan, **head}   # private selection scores only at the end (Ray Tune wants the metric)
     rest = {k: v for k, v in metrics.items()
             if k not in head and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {**head, **rest, "noise_multiplier": trainer.plan.noise_multiplier,

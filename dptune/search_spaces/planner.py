@@ -33,7 +33,9 @@ from .spec import Catalog, Spec
 #: ``dataset_label``: the axis values with their options, as the cell names them). Under private
 #: selection (``selection.mode: private``): K drawn in the cell, this trial's draw (0-based), the
 #: per-trial ε (training + noisy score) and the repeat-and-select total, both at the cell's δ.
-PLAN_FIELDS = ("cell", "sample_rate", "steps", "noise_sqrt_steps", "lr_multiplier", "backbone_label",
+#: ``metric`` names the trial metric the search, the scheduler and the store's ``accuracy`` column
+#: use (:meth:`SweepPlan.metric`).
+PLAN_FIELDS = ("cell", "metric", "sample_rate", "steps", "noise_sqrt_steps", "lr_multiplier", "backbone_label",
                "dataset_label", "selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
 
 
@@ -194,7 +196,8 @@ class CellPlan:
         if "model_options" in train:
             model_options = {**self.trial.config().get("model_options", {}), **train["model_options"]}
             train["model_options"] = model_options
-        plan = {"cell": c.key, "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
+        plan = {"cell": c.key, "metric": self.space.selection.metric,
+                "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
                 "noise_sqrt_steps": float(row["noise_sqrt_steps"]), "lr_multiplier": float(lr_multiplier),
                 "backbone_label": c.backbone.label, "dataset_label": c.dataset.label}
         return {**train, **plan}
@@ -252,6 +255,11 @@ class SweepPlan:
     @property
     def num_trials(self) -> int:
         return sum(c.num_trials for c in self.cells)
+
+    @property
+    def metric(self) -> str:
+        """The trial metric the search and the scheduler compare (``Selection.metric``)."""
+        return self.space.selection.metric
 
     @property
     def expected_cost(self) -> tuple[float, float]:

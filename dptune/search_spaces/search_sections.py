@@ -218,6 +218,15 @@ class Selection:
     def private(self) -> bool:
         return self.mode == "private"
 
+    @property
+    def metric(self) -> str:
+        """What trials are compared on: the noisy validation score under private selection, the
+        validation accuracy with a validation split (NOT private), else the test accuracy (NOT
+        private either: a diagnostic of the grid)."""
+        if self.private:
+            return "selection_score"
+        return "validation_accuracy" if self.validation_fraction > 0 else "test_accuracy"
+
     def trial_count(self):
         """The law of K (:class:`dptune.privacy.selection.TrialCount`)."""
         from ..privacy.selection import TrialCount

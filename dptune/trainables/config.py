@@ -165,6 +165,12 @@ class TrainConfig:
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
+#: A run's metrics are named for what they measure: ``test_accuracy`` and ``test_loss`` (with
+#: ``per_class_accuracy``) every epoch; with a validation split ``validation_accuracy`` and
+#: ``validation_loss`` (what a search selects on; NOT private); under private selection nothing
+#: until the end, then ``selection_score`` (the noisy validation accuracy). Each one's loss:
+LOSS_OF = {"test_accuracy": "test_loss", "validation_accuracy": "validation_loss", "selection_score": None}
+
 
 def check_option(name: str, value: Any) -> Any:
     """``value`` if it passes the rule ``TrainConfig`` declares for field ``name``; else raise

@@ -46,10 +46,11 @@ Report = Callable[[dict, list], None]
 def divergence(metrics: dict) -> str | None:
     """Why an epoch's metrics show a diverged run (a loss that is not finite), or None. Private
     selection evaluates nothing before its end: no loss, nothing to check."""
-    loss = metrics.get("loss")
-    if loss is None or math.isfinite(loss):
-        return None
-    return f"loss became {loss} at epoch {metrics.get('epoch')}"
+    for name in ("test_loss", "validation_loss"):
+        loss = metrics.get(name)
+        if loss is not None and not math.isfinite(loss):
+            return f"{name.replace('_', ' ')} became {loss} at epoch {metrics.get('epoch')}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -230,13 +231,13 @@ class Trainer:
         if self.cfg.score_noise is not None:   # private selection: one noisy look at validation, at the end
             metrics.update(self.noisy_score() if self.done else {})
         else:
-            metrics.update(evaluate(self.model, self.data.test, self.data.num_classes, self.device))
-        if self.data.validation is not None and self.cfg.score_noise is None:
-            # selection sees validation accuracy ('accuracy'); test accuracy only reports. NOT private.
-            metrics["test_accuracy"], metrics["test_loss"] = metrics["accuracy"], metrics["loss"]
-            validation = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)
-            metrics.update(accuracy=validation["accuracy"], loss=validation["loss"],
-                           validation_accuracy=validation["accuracy"], validation_nonprivate=True)
+            test = evaluate(self.model, self.data.test, self.data.num_classes, self.device)
+            metrics.update(test_accuracy=test["accuracy"], test_loss=test["loss"],
+                           per_class_accuracy=test["per_class_accuracy"])
+            if self.data.validation is not None:   # what a search selects on: NOT private
+                validation = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)
+                metrics.update(validation_accuracy=validation["accuracy"], validation_loss=validation["loss"],
+                               validation_nonprivate=True)
         if self.engine is not None:
             metrics["epsilon_spent"] = epsilon_spent(self.plan.noise_multiplier, self.cfg.delta,
                                                      self.plan.sample_rate, self.step,
@@ -285,7 +286,7 @@ class Trainer:
         accuracy = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)["accuracy"]
         generator = torch.Generator().manual_seed(self.cfg.seed + 3)
         score = accuracy + self.cfg.score_noise * float(torch.randn((), generator=generator, dtype=torch.float64))
-        return {"accuracy": score, "selection_score": score}
+        return {"selection_score": score}
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The trainable parameters and the buffers: frozen weights are rebuilt from the config."""
@@ -321,7 +322,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_epoch: Callable[[dict],
     trainer = Trainer(cfg, data)
     with tqdm(total=trainer.plan.steps, disable=not progress, unit="step", desc="training") as bar:
         def report(metrics: dict, history: list) -> None:
-            bar.set_postfix(acc=f"{metrics.get('accuracy', math.nan):.3f}", eps=f"{metrics['epsilon_spent']:.2f}")
+            bar.set_postfix(acc=f"{metrics.get('test_accuracy', math.nan):.3f}", eps=f"{metrics['epsilon_spent']:.2f}")
             if on_epoch is not None:
                 on_epoch(metrics)
 

@@ -41,7 +41,7 @@ def rigged_trainable(config: dict) -> None:
     for epoch in range(len(history) + 1, math.ceil(train["epochs"]) + 1):
         step = epoch_step(epoch, steps, train["epochs"])
         acc = accuracy(train["clip_bound"], train["epsilon"], epoch)
-        metrics = {"accuracy": acc, "loss": 1 - acc, "epoch": epoch, "step": step, "steps": steps,
+        metrics = {"test_accuracy": acc, "test_loss": 1 - acc, "epoch": epoch, "step": step, "steps": steps,
                    "epsilon_spent": epsilon_spent(sigma, train["delta"], q, step), "noise_multiplier": sigma,
                    "sample_rate": q, "noise_sqrt_steps": sigma * math.sqrt(steps), "train_time_s": 0.0}
         history.append(metrics)

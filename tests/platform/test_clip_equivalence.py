@@ -107,8 +107,8 @@ def test_fully_clipped_training_is_the_same_for_every_smaller_clip():
                           clip_bound=c, optimizer="adam", device="cpu")
         runs.append(train(cfg, progress=False))
     assert all(h["clipped_fraction"] == 1.0 for run in runs for h in run)
-    assert runs[0][-1]["accuracy"] == runs[1][-1]["accuracy"]
-    assert math.isclose(runs[0][-1]["loss"], runs[1][-1]["loss"], rel_tol=1e-6)
+    assert runs[0][-1]["test_accuracy"] == runs[1][-1]["test_accuracy"]
+    assert math.isclose(runs[0][-1]["test_loss"], runs[1][-1]["test_loss"], rel_tol=1e-6)
 
 
 def test_a_sweep_stores_equivalent_trials_with_their_source_results(tmp_path):
@@ -137,7 +137,7 @@ def test_a_sweep_stores_equivalent_trials_with_their_source_results(tmp_path):
     assert eq.equivalent_to == source.trial_id and eq.clip_equivalence_nonprivate
     assert (eq.accuracy, eq.epsilon_spent, eq.steps) == (source.accuracy, source.epsilon_spent, source.steps)
     real = train(train_config(plan.cells[0].trial_config(0.01, 128, 1.0, 0)), progress=False)[-1]
-    assert real["accuracy"] == eq.accuracy
+    assert real["test_accuracy"] == eq.accuracy
     epochs = ResultsStore(settings.paths.store).table("epochs")
     assert sorted(epochs[epochs.trial_id == eq.trial_id].epoch) == [1, 2]
 
@@ -156,4 +156,5 @@ def test_auto_s_update_does_not_depend_on_the_clip():
     runs = [train(TrainConfig(dataset="digits", model="mlp", epsilon=2.0, epochs=1, batch_size=128, learning_rate=1.0,
                               clip_bound=c, clip_fn="auto_s", model_options={"hidden": 16}, device="cpu"),
                   progress=False)[-1] for c in (0.1, 10.0)]
-    assert runs[0]["accuracy"] == runs[1]["accuracy"] and math.isclose(runs[0]["loss"], runs[1]["loss"], rel_tol=1e-5)
+    assert runs[0]["test_accuracy"] == runs[1]["test_accuracy"] and \
+        math.isclose(runs[0]["test_loss"], runs[1]["test_loss"], rel_tol=1e-5)

@@ -14,6 +14,7 @@ import pytest
 
 import rigged  # tests/platform/rigged.py
 from dptune.platform.launcher import RunSettings
+from dptune.platform.spec_sections import Resources
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import resume_sweep, run_sweep
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
@@ -28,7 +29,7 @@ def test_resume_keeps_what_the_store_holds_as_ended(rigged_ray, tmp_path, monkey
             "clip_bound": list(CLIPS), "batch_size": [20], "learning_rate": {"reference": 1.0, "reference_batch_size": 20},
             "pruning": {"min_steps": 5}, "search": {"algorithm": "grid"}}
     plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
-    settings = RunSettings(experiment="lag", storage=str(tmp_path), max_failures=0, max_concurrent=1, verbose=0)
+    settings = RunSettings(experiment="lag", storage=str(tmp_path), max_failures=0, verbose=0, resources=Resources(max_concurrent=1))
     monkeypatch.setattr(rigged, "FAIL_WITH", "lost before the snapshot")
     run_sweep(plan, settings, trainable=rigged.rigged_trainable)
     store = ResultsStore(settings.paths.store)
@@ -38,9 +39,9 @@ def test_resume_keeps_what_the_store_holds_as_ended(rigged_ray, tmp_path, monkey
     # the store says: C=0.4 finished under its Ray trial id, C=1.6 finished under an earlier run's id
     same, other = errored.loc[0.4], errored.loc[1.6]
     store.write_trial({**same.to_dict(), "trial_id": same.trial_id, "status": "finished", "error": None,
-                       "accuracy": 0.987, "step": same.steps, "epoch": EPOCHS})
+                       "accuracy": 0.987, "test_accuracy": 0.987, "step": same.steps, "epoch": EPOCHS})
     store.write_trial({**other.to_dict(), "trial_id": "earlier-run", "status": "finished", "error": None,
-                       "accuracy": 0.654, "step": other.steps, "epoch": EPOCHS})
+                       "accuracy": 0.654, "test_accuracy": 0.654, "step": other.steps, "epoch": EPOCHS})
     # … and C=0.1 finished, but its row was written without its curve (its checkpoint lost): it trains again
     lost = errored.loc[0.1]
     store.write_trial({**lost.to_dict(), "trial_id": lost.trial_id, "status": "finished", "accuracy": 0.5,

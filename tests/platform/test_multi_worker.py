@@ -20,6 +20,7 @@ from torch.utils.data import TensorDataset
 
 from dptune.platform import tune_adapter
 from dptune.platform.launcher import RunSettings
+from dptune.platform.spec_sections import Resources
 from dptune.platform.sweep import run_sweep
 from dptune.platform.trial_config import train_config
 from sweep_plans import digits_spec, plan_of
@@ -147,8 +148,7 @@ def test_sweep_mixing_one_and_two_worker_trials_with_a_killed_worker(local_ray, 
     trial is stored once, finished, with each epoch once."""
     plan = plan_of(digits_spec(epsilon=4.0, batch_size=[32, 64], epochs=4, model_options={"hidden": 16},
                                trial={"device": "cpu"}))
-    settings = RunSettings(experiment="mixed", storage=str(tmp_path), max_failures=1, workers=2,
-                           workers_from_batch_size=64)
+    settings = RunSettings(experiment="mixed", storage=str(tmp_path), max_failures=1, resources=Resources(workers_from_batch_size=64, workers=2))
     killed: list[int] = []
     killer = threading.Thread(target=kill_a_worker_after_the_first_checkpoint,
                               args=(tmp_path / "mixed" / "workers", killed), daemon=True)
@@ -190,16 +190,15 @@ def test_resources_section_names_the_bad_field():
             parse_resources(bad, None)
 
 
-def test_worker_spec_picks_w_and_resources_per_trial():
-    from dptune.platform.multi_worker import WorkerSpec
+def test_resources_pick_w_and_the_placement_per_trial():
     from dptune.trainables.training import check_workers
 
-    spec = WorkerSpec(workers=4, cpu=2, gpu=1, from_batch_size=1024)
-    small, large = {"batch_size": 512, "backbone": "cnn"}, {"batch_size": 1024, "backbone": "cnn"}
+    spec = Resources(workers=4, cpu=2, gpu=1, workers_from_batch_size=1024)
+    small, large = {"batch_size": 512, "model": "cnn"}, {"batch_size": 1024, "model": "cnn"}
     assert spec.workers_for(small) == 1 and spec.workers_for(large) == 4
-    assert spec.resources_for(small).bundles == [{"CPU": 2, "GPU": 1}]
-    assert spec.resources_for(large).bundles[0].get("CPU", 0) == 0 and "GPU" not in spec.resources_for(large).bundles[0]
-    assert WorkerSpec(workers=2).workers_for(small) == 2
+    assert spec.placement(small).bundles == [{"CPU": 2, "GPU": 1}]
+    assert spec.placement(large).bundles[0].get("CPU", 0) == 0 and "GPU" not in spec.placement(large).bundles[0]
+    assert Resources(workers=2).workers_for(small) == 2
     check_workers({"workers": 4}, 4)
     with pytest.raises(ValueError, match="written on 4 worker.*not on 2: set resources.workers to 4"):
         check_workers({"workers": 4}, 2)
@@ -208,8 +207,8 @@ def test_worker_spec_picks_w_and_resources_per_trial():
 def test_multi_worker_sweeps_bound_the_trials_tune_starts(local_ray):
     from dptune.platform.launcher import max_concurrent
 
-    assert max_concurrent(RunSettings(workers=1)) is None  # one-worker trials reserve their own resources
-    assert max_concurrent(RunSettings(workers=2, max_concurrent=5)) == 5
-    assert max_concurrent(RunSettings(workers=2, cpus_per_trial=1)) == 3  # num_cpus=3 of this module's Ray
-    assert max_concurrent(RunSettings(workers=2, cpus_per_trial=2)) == 1
-    assert max_concurrent(RunSettings(workers=2, cpus_per_trial=1, gpus_per_trial=1)) == 1  # no GPU: at least one
+    assert max_concurrent(RunSettings(resources=Resources(workers=1))) is None  # one-worker trials reserve their own resources
+    assert max_concurrent(RunSettings(resources=Resources(max_concurrent=5, workers=2))) == 5
+    assert max_concurrent(RunSettings(resources=Resources(workers=2, cpu=1))) == 3  # num_cpus=3 of this module's Ray
+    assert max_concurrent(RunSettings(resources=Resources(workers=2, cpu=2))) == 1
+    assert max_concurrent(RunSettings(resources=Resources(workers=2, cpu=1, gpu=1))) == 1  # no GPU: at least one

@@ -58,5 +58,5 @@ def test_trial_survives_the_loss_of_its_node(tmp_path):
     assert epochs.epoch.tolist() == list(range(1, EPOCHS + 1))  # none lost, none duplicated
     # Resumed from the checkpoint (RNG states included): same result as a run never interrupted.
     reference = train(train_config(config), progress=False)
-    assert rows.accuracy.iloc[0] == pytest.approx(reference[-1]["accuracy"], abs=1e-12)
-    assert epochs.accuracy.tolist() == pytest.approx([m["accuracy"] for m in reference], abs=1e-12)
+    assert rows.accuracy.iloc[0] == pytest.approx(reference[-1]["test_accuracy"], abs=1e-12)
+    assert epochs.accuracy.tolist() == pytest.approx([m["test_accuracy"] for m in reference], abs=1e-12)

@@ -7,7 +7,7 @@ from dptune.platform.progress import TrialLines
 def ended(trial_id: str, step: int, steps: int) -> SimpleNamespace:
     """What Ray Tune hands the callback for an ended trial: its id, config and last result."""
     return SimpleNamespace(trial_id=trial_id, config={},
-                           last_result={"step": step, "steps": steps, "accuracy": 0.5, "epsilon_spent": 0.25})
+                           last_result={"step": step, "steps": steps, "test_accuracy": 0.5, "epsilon_spent": 0.25})
 
 
 def test_a_trial_that_took_fewer_steps_than_planned_is_reported_stopped(capsys):

@@ -55,13 +55,13 @@ def test_a_store_write_waits_for_the_server_to_come_back(server):
 def test_a_trial_ending_during_an_outage_keeps_its_curve(server, tmp_path):
     """A trial ends while the server is down: the store callback waits for its checkpoint as the
     store's writes wait, and records the whole curve (it was recorded without one: CI, stop 19)."""
-    history = [{"epoch": e, "step": 4 * e, "accuracy": e / 10, "loss": 1.0 / e} for e in (1, 2)]
+    history = [{"epoch": e, "step": 4 * e, "test_accuracy": e / 10, "test_loss": 1.0 / e} for e in (1, 2)]
     with tempfile.TemporaryDirectory() as local:
         torch.save({"trainer": {}, "history": history}, os.path.join(local, STATE_FILE))
         remote = f"{server.bucket}/ckpt/checkpoint_000001"
         pafs.copy_files(local, remote, destination_filesystem=server.filesystem())
     trial = SimpleNamespace(trial_id="t1", config={"model": "mlp", "dataset": "digits", "epsilon": 1.0},
-                            last_result={"accuracy": 0.2, "step": 8, "steps": 8},
+                            last_result={"test_accuracy": 0.2, "step": 8, "steps": 8},
                             checkpoint=tune.Checkpoint(remote, filesystem=server.filesystem()))
     callback = StoreCallback(ExperimentPaths.of(server.uri("runs"), "ended"), compact_every=10**6)
     callback.store  # the store's folders exist before the outage

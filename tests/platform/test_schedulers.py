@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dptune.platform.launcher import RunSettings
+from dptune.platform.spec_sections import Resources
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import resume_sweep, run_sweep
 from dptune.privacy import epsilon_spent
@@ -93,7 +94,7 @@ def test_a_trial_config_is_flat_and_its_training_options_are_the_trainers(catalo
 
 def run(tmp_path, catalog, scheduler, name="asha"):
     plan = plan_sweep(load_spec(spec_of(scheduler), catalog), catalog, workers=1)
-    settings = RunSettings(experiment=name, storage=str(tmp_path), max_failures=0, max_concurrent=1, verbose=0)
+    settings = RunSettings(experiment=name, storage=str(tmp_path), max_failures=0, verbose=0, resources=Resources(max_concurrent=1))
     run_sweep(plan, settings, trainable=rigged.rigged_trainable)
     return plan, settings, ResultsStore(settings.paths.store).table("trials")
 
@@ -133,7 +134,7 @@ def test_asha_compares_trials_of_the_same_batch_size_only(rigged_ray, tmp_path, 
             "batch_size": [20, 40], "pruning": {"min_steps": 5, "plateau_tol": 10.0}}
     plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
     assert plan.cells[0].searched_batch_sizes == (20, 40)
-    settings = RunSettings(experiment="by-b", storage=str(tmp_path), max_failures=0, max_concurrent=1, verbose=0)
+    settings = RunSettings(experiment="by-b", storage=str(tmp_path), max_failures=0, verbose=0, resources=Resources(max_concurrent=1))
     run_sweep(plan, settings, trainable=rigged.rigged_trainable)
     rows = ResultsStore(settings.paths.store).table("trials")
     assert len(rows) == 2 * len(rigged.ACCURACY)
@@ -154,12 +155,13 @@ import rigged, test_schedulers as t
 from ray import cloudpickle
 cloudpickle.register_pickle_by_value(rigged)
 from dptune.platform.launcher import RunSettings
+from dptune.platform.spec_sections import Resources
 from dptune.platform.sweep import run_sweep
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 catalog = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: t.N)
 plan = plan_sweep(load_spec(t.spec_of({{"name": "asha", "grace_epochs": 1, "reduction_factor": t.RF}}), catalog),
                   catalog, workers=1)
-run_sweep(plan, RunSettings(experiment="killed", storage={storage!r}, max_failures=1, max_concurrent=1, verbose=0),
+run_sweep(plan, RunSettings(experiment="killed", storage={storage!r}, max_failures=1, verbose=0, resources=Resources(max_concurrent=1)),
           trainable=rigged.rigged_trainable)
 """
 

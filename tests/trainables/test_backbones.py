@@ -268,4 +268,4 @@ def test_trainer_fine_tunes_a_text_backbone_and_counts_its_trainable_parameters(
     # 1 layer × (query, value) × rank 2 × (384 + 384) + the 5-way head
     assert trainer.trainable == 2 * 2 * 768 + 5 * 384 + 5
     metrics = trainer.run_epoch()
-    assert trainer.done and metrics["step"] == 3 and 0.0 <= metrics["accuracy"] <= 1.0
+    assert trainer.done and metrics["step"] == 3 and 0.0 <= metrics["test_accuracy"] <= 1.0

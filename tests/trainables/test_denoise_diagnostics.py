@@ -90,7 +90,7 @@ def test_diagnostic_does_not_change_training() -> None:
     m_plain, m_watched = plain.run_epoch(), watched.run_epoch()
     for (n, p), (_, q) in zip(plain.model.named_parameters(), watched.model.named_parameters()):
         assert torch.equal(p, q), n
-    assert m_plain["accuracy"] == m_watched["accuracy"]
+    assert m_plain["test_accuracy"] == m_watched["test_accuracy"]
     assert set(COSINE_METRICS) <= set(m_watched) and not set(COSINE_METRICS) & set(m_plain)
     assert 0 <= m_watched["nonprivate_cos_gate_rate"] <= 1
     assert -1 <= m_watched["nonprivate_cos_noisy"] <= 1
