@@ -1,7 +1,8 @@
 """The ``dptune`` command line: parses arguments and calls ordinary functions.
 
-User mistakes (bad arguments, unknown names) become a one-line error and exit code 2;
-``--traceback`` shows the full trace instead.
+What the user can fix (:class:`dptune.errors.UserError`: a bad argument, spec, name, path or value)
+is one line and exit code 2; anything else is a bug in dptune: one line saying so and exit code
+1. ``--traceback`` shows the full trace of either.
 """
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import sys
 import typing
 from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
+
 if TYPE_CHECKING:
     from .platform.layout import ExperimentPaths
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
+from .errors import UserError
 def _float_or_inf(text: str) -> float:
     try:
         return float(text)
@@ -312,7 +315,7 @@ def _run_optimal_clip(args: argparse.Namespace, out: TextIO) -> int:
     from .analysis.diagnostic import clip_diagnostic
 
     if bool(args.checkpoint) == bool(args.grads):
-        raise ValueError("give a CHECKPOINT or --grads FILE.npz (one of them)")
+        raise UserError("give a CHECKPOINT or --grads FILE.npz (one of them)")
     if args.grads:
         saved = np.load(args.grads)
         grads, labels = saved["grads"], saved["labels"]
@@ -372,11 +375,11 @@ def _refuse_earlier_run(paths: "ExperimentPaths", *, overwrite: bool, out: TextI
     if info.type == pafs.FileType.NotFound:
         return
     if info.type != pafs.FileType.Directory:
-        raise ValueError(f"experiment folder {paths.root} exists and is not a folder")
+        raise UserError(f"experiment folder {paths.root} exists and is not a folder")
     if not fs.get_file_info(pafs.FileSelector(root, recursive=False)):
         return  # an empty folder: nothing to mix with
     if not overwrite:
-        raise ValueError(f"experiment folder {paths.root} already holds a run: continue it with "
+        raise UserError(f"experiment folder {paths.root} already holds a run: continue it with "
                          f"`dptune resume {paths.root}`, start it again with --overwrite (deletes that run), or give "
                          "the spec a new `experiment:` name (or --storage)")
     print(f"dptune: --overwrite: deleting the earlier run in {paths.root}", file=out)
@@ -439,13 +442,21 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args, out)
-    except (ValueError, FileNotFoundError) as exc:
+    except UserError as exc:
         if args.traceback:
             raise
         print(f"dptune {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("dptune: interrupted", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as exc:  # a bug, not the user's mistake: say so, and where to see it
+        if args.traceback:
+            raise
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"dptune {args.command}: internal error: {type(exc).__name__}{': ' + reason if reason else ''}\n"
+              f"  this is a bug in dptune, not in your input; run it again with --traceback to see where",
+              file=sys.stderr)
         return EXIT_FAILURE
 
 

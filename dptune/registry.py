@@ -33,6 +33,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterator, TypeVar, overload
 
+from .errors import UserError
+
+
 T = TypeVar("T")
 
 
@@ -52,8 +55,8 @@ class Lazy:
         return functools.partial(value, *self.args, **dict(self.kwargs)) if self.args or self.kwargs else value
 
 
-class UnknownName(ValueError, KeyError):
-    """A name that is not registered. A ValueError (a user mistake, reported in one line) and a
+class UnknownName(UserError, KeyError):
+    """A name that is not registered. A UserError (a user mistake, reported in one line) and a
     KeyError (so ``registry[name]`` behaves as it does for a dict)."""
 
     __str__ = ValueError.__str__  # KeyError's would quote the message
@@ -184,5 +187,5 @@ def check_options(kind: str, name: str, fn: Callable, options: dict, *, implicit
     if unknown:
         allowed = sorted(n for n, p in params.items()
                          if n not in implicit and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-        raise ValueError(f"{kind} {name!r} does not take option(s) {', '.join(unknown)}"
+        raise UserError(f"{kind} {name!r} does not take option(s) {', '.join(unknown)}"
                          + (f" ({why})" if why else "") + f"; it takes: {', '.join(allowed) or 'none'}")

@@ -98,3 +98,28 @@ def test_bad_argument_is_one_line_not_a_traceback():
     assert out.returncode == EXIT_USAGE
     assert out.stderr.strip().count("\n") == 0 and "dataset must be one of" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_bug_is_told_apart_from_a_user_error(tmp_path, monkeypatch, capsys):
+    """A user error is one line and exit 2; anything else is called a bug (exit 1) with a pointer to
+    --traceback, which shows it in full."""
+    from dptune.platform import query
+    from dptune.platform.store import ResultsStore
+
+    ResultsStore(str(tmp_path / "store")).write_trial({"trial_id": "t1", "accuracy": 0.5})
+    store = str(tmp_path / "store")
+    assert main(["query", "DROP TABLE trials", "--store", store]) == EXIT_USAGE
+    assert "refused" in capsys.readouterr().err
+    assert main(["query", "SELECT 1", "--store", str(tmp_path / "missing")]) == EXIT_USAGE
+    assert "no results store" in capsys.readouterr().err
+
+    def broken(*args, **kwargs):
+        raise KeyError("an index the code got wrong")
+
+    monkeypatch.setattr(query, "run_query", broken)
+    assert main(["query", "SELECT 1", "--store", store]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dptune query: internal error: KeyError:") and "--traceback" in err
+    assert "bug in dptune" in err and "Traceback" not in err
+    with pytest.raises(KeyError, match="an index the code got wrong"):
+        main(["--traceback", "query", "SELECT 1", "--store", store])

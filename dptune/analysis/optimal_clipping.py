@@ -27,6 +27,9 @@ from typing import Hashable
 
 import numpy as np
 
+from ..errors import UserError
+
+
 #: Log-spaced gradient-norm histogram edges of the ``gradnorms`` table: 1e-4 … 1e4, 4 bins per
 #: decade (the trainer's ``norm_stats.HIST_EDGES``; a test keeps the two equal).
 HIST_EDGES = np.logspace(-4, 4, 33)
@@ -106,15 +109,15 @@ def clip_mse(per_sample_grads: object, noise_multiplier: float) -> ClipMSE:
     """
     grads = _as_array(per_sample_grads)
     if grads.ndim != 2 or grads.shape[0] == 0:
-        raise ValueError(f"per_sample_grads must have shape [n, d] with n >= 1; got {grads.shape}")
+        raise UserError(f"per_sample_grads must have shape [n, d] with n >= 1; got {grads.shape}")
     sigma = float(noise_multiplier)
     if not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"noise_multiplier must be finite and >= 0; got {noise_multiplier!r}")
+        raise UserError(f"noise_multiplier must be finite and >= 0; got {noise_multiplier!r}")
     d = grads.shape[1]
     rows = max(1, _CHUNK_ELEMENTS // max(d, 1))
     norms = per_sample_norms(grads)
     if not np.all(np.isfinite(norms)):
-        raise ValueError("per_sample_grads contains NaN or infinite values")
+        raise UserError("per_sample_grads contains NaN or infinite values")
     order = np.argsort(norms, kind="stable")
     order = order[norms[order] > 0]  # a zero gradient is never clipped: it adds nothing to the bias
     m = len(order)
@@ -176,9 +179,9 @@ def class_retention(norms: object, labels: object, clip_bound: float) -> dict[Ha
     n = _as_array(norms).astype(np.float64).ravel()
     y = _as_array(labels).ravel()
     if n.shape != y.shape:
-        raise ValueError(f"norms and labels must have the same length; got {n.shape[0]} and {y.shape[0]}")
+        raise UserError(f"norms and labels must have the same length; got {n.shape[0]} and {y.shape[0]}")
     if not clip_bound > 0:
-        raise ValueError(f"clip_bound must be > 0; got {clip_bound!r}")
+        raise UserError(f"clip_bound must be > 0; got {clip_bound!r}")
     with np.errstate(divide="ignore"):
         kept = np.where(n > clip_bound, clip_bound / n, 1.0)
     return {_plain(label): float(kept[y == label].mean()) for label in np.unique(y)}

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..errors import UserError
 from ..platform.layout import ExperimentPaths
 from ..platform.store import ResultsStore
 from . import figures
@@ -66,9 +67,9 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
     without a saved plan gets the rules' defaults."""
     sweep = Sweep.from_store(store)
     if sweep.trials.empty:
-        raise ValueError(f"the results store at {store.root!r} has no trials yet")
+        raise UserError(f"the results store at {store.root!r} has no trials yet")
     if across not in sweep.cell_columns:
-        raise ValueError(f"--across must be one of {', '.join(sweep.cell_columns)}; got {across!r}")
+        raise UserError(f"--across must be one of {', '.join(sweep.cell_columns)}; got {across!r}")
     result = Analysis(sweep, across, sweep.heatmap_table(), sweep.optima(), None, None)
     try:
         result.fixed_setting, result.fixed_cost = sweep.fixed_setting_cost(*(fixed or (None, None)))

@@ -16,6 +16,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from ..errors import UserError
 from ..platform.store import ResultsStore
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
@@ -101,7 +102,7 @@ class Sweep:
     def facets(self, across: str, *, private_only: bool = True) -> Iterator[tuple[str, pd.DataFrame]]:
         """Groups of cells that differ only in ``across``: (facet name, cells ordered by ``across``)."""
         if across not in self.cell_columns:
-            raise ValueError(f"--across must be one of {', '.join(self.cell_columns)}; got {across!r}")
+            raise UserError(f"--across must be one of {', '.join(self.cell_columns)}; got {across!r}")
         cells = self.cells()
         if private_only:
             cells = cells[cells["private"]]
@@ -174,22 +175,22 @@ class Sweep:
         """
         table = self.heatmap_table().dropna(subset=["accuracy"])
         if table.empty:
-            raise ValueError("no finished private trials: nothing to compare")
+            raise UserError("no finished private trials: nothing to compare")
         if (clip_bound is None) != (batch_size is None):
-            raise ValueError("give both the clipping bound and the batch size of the fixed setting, or neither")
+            raise UserError("give both the clipping bound and the batch size of the fixed setting, or neither")
         if clip_bound is None:
             cells = table["cell_name"].nunique()
             stats = table.groupby(["clip_bound", "batch_size"])["accuracy"].agg(["size", "mean"]).reset_index()
             stats = stats[stats["size"] == cells].sort_values(["mean", "clip_bound", "batch_size"],
                                                               ascending=[False, True, True])
             if stats.empty:
-                raise ValueError(f"no (C, B) was run in all {cells} private cells (each cell searched its own "
+                raise UserError(f"no (C, B) was run in all {cells} private cells (each cell searched its own "
                                  "batch sizes), so no single setting can be compared across them; "
                                  "--fixed C,B compares one anyway")
             clip_bound, batch_size = float(stats["clip_bound"].iloc[0]), float(stats["batch_size"].iloc[0])
         at = table[np.isclose(table["clip_bound"], clip_bound) & np.isclose(table["batch_size"], batch_size)]
         if at.empty:
-            raise ValueError(f"the fixed setting C={clip_bound:g}, B={batch_size:g} was not run in any cell")
+            raise UserError(f"the fixed setting C={clip_bound:g}, B={batch_size:g} was not run in any cell")
         optima = self.optima()
         optima = optima[optima["private"] & optima["accuracy"].notna()]
         out = optima[["cell_name", "clip_bound", "batch_size", "learning_rate", "accuracy"]].merge(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 
+from ..errors import UserError
 from ..registry import check_options
 from ..search_spaces import Catalog
 from ..search_spaces.search_sections import BACKBONE_FIELDS, DATASET_OPTIONS
@@ -46,11 +47,11 @@ def check_backbone(name: str, options: dict) -> None:
         param = inspect.signature(builder).parameters.get("peft")
         effective = peft if peft is not None else (None if param is None else param.default)
         if effective != "lora":
-            raise ValueError(f"model {name!r}: option(s) {', '.join(lora)} apply only with peft: lora; "
+            raise UserError(f"model {name!r}: option(s) {', '.join(lora)} apply only with peft: lora; "
                              f"peft is {effective}")
     for key in BACKBONE_FIELDS:
         if key in options and options[key] is not None and not isinstance(options[key], str):
-            raise ValueError(f"{key} must be a name or a path; got {options[key]!r}")
+            raise UserError(f"{key} must be a name or a path; got {options[key]!r}")
 
 
 def check_dataset(name: str, options: dict) -> None:

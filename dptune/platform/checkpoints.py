@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import UserError, NotFound
 from ..trainables.config import TrainConfig
 from ..trainables.batching import to_device
 from ..trainables.splits import take
@@ -44,17 +45,17 @@ def find_state(path: str, trial_id: str | None = None) -> str:
     if os.path.isfile(path):
         return path
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"no checkpoint at {path!r}")
+        raise NotFound(f"no checkpoint at {path!r}")
     if trial_id:
         trials = sorted(d for d in glob.glob(os.path.join(path, f"*_{trial_id}_*")) if os.path.isdir(d))
         if not trials:
-            raise FileNotFoundError(f"no trial folder for trial {trial_id!r} under {path!r}")
+            raise NotFound(f"no trial folder for trial {trial_id!r} under {path!r}")
         path = trials[0]
     if os.path.isfile(os.path.join(path, STATE_FILE)):
         return os.path.join(path, STATE_FILE)
     checkpoints = sorted(glob.glob(os.path.join(path, "checkpoint_*", STATE_FILE)))
     if not checkpoints:
-        raise FileNotFoundError(f"no {STATE_FILE} under {path!r} (give a checkpoint or trial folder, or an "
+        raise NotFound(f"no {STATE_FILE} under {path!r} (give a checkpoint or trial folder, or an "
                                 "experiment folder with --trial)")
     return checkpoints[-1]
 
@@ -67,10 +68,10 @@ def checkpoint_gradients(path: str, *, trial_id: str | None = None, examples: in
     state = torch.load(source, map_location=device, weights_only=False)
     trainer_state = state.get("trainer", state)
     if "config" not in trainer_state or "model" not in trainer_state:
-        raise ValueError(f"{source!r} is not a dptune trainer checkpoint (no config or model weights)")
+        raise UserError(f"{source!r} is not a dptune trainer checkpoint (no config or model weights)")
     cfg = TrainConfig.from_dict({**trainer_state["config"], "device": device})
     if not cfg.private:
-        raise ValueError("the checkpoint is of a non-private trial (no clipping, no σ): C* is undefined")
+        raise UserError("the checkpoint is of a non-private trial (no clipping, no σ): C* is undefined")
     trainer = Trainer(cfg)
     trainer.model.load_state_dict(trainer_state["model"])
     n = min(examples or cfg.batch_size, trainer.n_train)

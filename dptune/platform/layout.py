@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 
 import pyarrow.fs as pafs
 
+
+from ..errors import NotFound
 #: The spec's default ``storage`` and its default ``experiment`` name.
 DEFAULT_STORAGE = "./dptune-results"
 DEFAULT_EXPERIMENT = "default"
@@ -89,7 +91,7 @@ class ExperimentPaths:
         if fs.get_file_info(_join(inner, STORE)).type == pafs.FileType.Directory:
             return cls(path)
         if not is_uri(path) and not os.path.isdir(os.path.join(path, "trials")):
-            raise FileNotFoundError(f"no results store at {path!r} (expected a folder with trials/, epochs/, "
+            raise NotFound(f"no results store at {path!r} (expected a folder with trials/, epochs/, "
                                     "gradnorms/; run `dptune sweep` first or pass --store)")
         parent = path.rsplit("/", 1)[0] if "/" in path else "."
         return cls(parent if not is_uri(path) or is_uri(parent) else path, store=path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from ..errors import UserError
 from .layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE, ExperimentPaths
 
 if TYPE_CHECKING:  # imported when a query runs: `dptune --help` needs only the names below
@@ -31,15 +32,15 @@ def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | 
     import pandas as pd
 
     if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+        raise UserError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if fmt == "parquet" and not out_file:
-        raise ValueError("format parquet needs --out FILE")
+        raise UserError("format parquet needs --out FILE")
     store = open_store(store_path)
     try:
         frame = store.query(sql)
     except Exception as exc:  # DuckDB parser/binder errors: one line for the user
         if type(exc).__module__.startswith("duckdb") or exc.__class__.__name__.endswith("Exception"):
-            raise ValueError(f"query failed: {str(exc).splitlines()[0]}") from exc
+            raise UserError(f"query failed: {str(exc).splitlines()[0]}") from exc
         raise
     loose = store.loose_files("trials")
     if loose >= LOOSE_HINT:  # every query reads each small file: merging them is the cure

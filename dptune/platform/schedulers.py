@@ -26,6 +26,7 @@ from typing import Optional
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 
+from ..errors import UserError
 from ..search_spaces.search_sections import Scheduler
 from .layout import ExperimentPaths
 
@@ -44,7 +45,7 @@ def cell_scheduler(settings: Scheduler, epochs: float, *, metric: str, mode: str
     if settings.name == "median":
         return MedianStoppingRule(time_attr=TIME_ATTR, metric=metric, mode=mode, grace_period=settings.grace_epochs,
                                   min_samples_required=settings.min_samples, hard_stop=True)
-    raise ValueError(f"scheduler must be one of asha, median; got {settings.name!r}")
+    raise UserError(f"scheduler must be one of asha, median; got {settings.name!r}")
 
 
 class PerCellScheduler(FIFOScheduler):

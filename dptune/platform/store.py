@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..errors import UserError
 from .layout import filesystem
 
 TABLES = ("trials", "epochs", "gradnorms")
@@ -68,12 +69,12 @@ MAX_PARTS = 8
 WRITE_RETRY_S = 60.0
 
 
-class StoreWriteError(OSError):
+class StoreWriteError(UserError, OSError):
     """A store write that failed for good (one line: the store, the file, the reason); nothing of it
     was published."""
 
 
-class QueryRefused(ValueError):
+class QueryRefused(UserError):
     """A query that would do more than read the store (one line, naming what was refused)."""
 
 
@@ -226,7 +227,7 @@ class ResultsStore:
     def table(self, name: str) -> pd.DataFrame:
         """One whole view as a pandas frame (``trials``, ``epochs`` or ``gradnorms``)."""
         if name not in TABLES:
-            raise ValueError(f"table must be one of {', '.join(TABLES)}; got {name!r}")
+            raise UserError(f"table must be one of {', '.join(TABLES)}; got {name!r}")
         return self.query(f"SELECT * FROM {name}")
 
 
@@ -269,7 +270,7 @@ def check_read_only(sql: str) -> None:
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
-        raise ValueError(f"query failed: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"query failed: {str(exc).splitlines()[0]}") from None
     if len(statements) != 1:
         raise QueryRefused(f"refused: give one SQL statement; got {len(statements)}")
     kind = statements[0].type

@@ -15,6 +15,7 @@ from typing import Callable, TextIO
 
 from ray import tune
 
+from ..errors import UserError
 from ..search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
 from . import spec_sections  # noqa: F401  (registers the platform's spec sections)
 from .catalog import trainables_catalog
@@ -103,7 +104,7 @@ def resume_sweep(root: str, *, restart_errored: bool = False, address: str | Non
     A configuration the results store holds as ended is not trained again (see :mod:`.kept`)."""
     paths = ExperimentPaths(root).absolute()
     if not tune.Tuner.can_restore(paths.root):
-        raise ValueError(f"no restorable experiment at {root!r}: pass the folder "
+        raise UserError(f"no restorable experiment at {root!r}: pass the folder "
                          "<storage>/<experiment> that `dptune sweep` printed")
     start_ray(address)
     settings = _load_settings(paths)
@@ -149,7 +150,7 @@ def _load_settings(paths: ExperimentPaths) -> RunSettings:
         with fs.open_input_stream(f"{root}/{SETTINGS_FILE}") as f:
             return RunSettings.from_dict(json.loads(f.read()))
     except FileNotFoundError:
-        raise ValueError(f"{paths.root} was not started by `dptune sweep` (no {SETTINGS_FILE})") from None
+        raise UserError(f"{paths.root} was not started by `dptune sweep` (no {SETTINGS_FILE})") from None
 
 
 def _outcome(results: tune.ResultGrid, settings: RunSettings, out: TextIO = sys.stdout) -> SweepOutcome:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from ..errors import UserError
 from ..trainables.config import LOSS_OF
 from ..trainables.training import Trainer
 from . import tune_adapter
@@ -52,7 +53,7 @@ def check_plan(planned: dict, trainer: Trainer) -> None:
     plan, meta = trainer.plan, planned
     if "steps" in meta and int(meta["steps"]) != plan.steps or \
             "sample_rate" in meta and not math.isclose(float(meta["sample_rate"]), plan.sample_rate, rel_tol=1e-9):
-        raise ValueError(f"the trial was planned for q={meta.get('sample_rate')}, T={meta.get('steps')} but trains "
+        raise UserError(f"the trial was planned for q={meta.get('sample_rate')}, T={meta.get('steps')} but trains "
                          f"with q={plan.sample_rate}, T={plan.steps}: its noise multiplier does not give the stated ε")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from ..errors import UserError
 from .cache import cached, make_key
 from .validation import check_delta, check_epsilon, check_estimator, check_sample_rate, check_steps
 
@@ -128,10 +129,10 @@ def _search(target: float, delta: float, q: float, steps: int, estimator: str, k
         min_step = min(4 * min_step, 0.01)  # a start that was not close after all: widen the steps
         x_new = x + step
         if x_new > math.log(SIGMA_MAX):
-            raise ValueError(f"epsilon={target} is not reachable at delta={delta}, sample_rate={q}, "
+            raise UserError(f"epsilon={target} is not reachable at delta={delta}, sample_rate={q}, "
                              f"steps={steps} with any noise_multiplier <= {SIGMA_MAX:g}")
         if x_new < math.log(SIGMA_MIN):
-            raise ValueError(f"epsilon={target} is so large that it needs noise_multiplier < {SIGMA_MIN}; "
+            raise UserError(f"epsilon={target} is so large that it needs noise_multiplier < {SIGMA_MIN}; "
                              "use epsilon=inf for non-private training")
         f_new = log_gap(math.exp(x_new))
         if math.isfinite(fx) and math.isfinite(f_new) and f_new != fx:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special, stats
 
+from ..errors import UserError
 from .prv import _log_expm1_plus
 
 #: Share of δ spent on the far tail of Z_env: P(Z_env > z_max) = TAIL_FRACTION·δ/T per step.
@@ -370,7 +371,7 @@ def randomized_clipping(noise_multiplier: float, sample_rate: float, sketch_k: i
     """DP-SGD-RC with k probes (Hutchinson or Hutch++): the Z_env mixture, both directions; the
     tail beyond z_max, TAIL_FRACTION·δ/T per step, is charged to δ (at most TAIL_FRACTION·δ in all)."""
     if sketch_k is None:
-        raise ValueError("randomized clipping needs sketch_k")
+        raise UserError("randomized clipping needs sketch_k")
     atoms = envelope_atoms(noise_multiplier, sketch_k, tail_mass=TAIL_FRACTION * delta / steps)
     directions = ("remove",) if sample_rate == 1.0 else ("remove", "add")
     return [GaussianMixturePRV(sample_rate, noise_multiplier, atoms, d) for d in directions]

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..errors import UserError
 from .cache import cached, make_key
 from .calibration import REL_TOL, SIGMA_MAX
 from .validation import check_delta, check_epsilon, check_sample_rate, check_steps
@@ -73,16 +74,16 @@ class TrialCount:
     def of(cls, distribution: str, mean: float, shape: float | None = None) -> "TrialCount":
         """Validate and build; ``shape`` only for the truncated negative binomial (default 1)."""
         if distribution not in DISTRIBUTIONS:
-            raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}; got {distribution!r}")
+            raise UserError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}; got {distribution!r}")
         fixed = DISTRIBUTIONS[distribution]
         if fixed is not None and shape is not None:
-            raise ValueError(f"shape only applies to truncated_negative_binomial ({distribution} fixes it)")
+            raise UserError(f"shape only applies to truncated_negative_binomial ({distribution} fixes it)")
         shape = fixed if fixed is not None else (1.0 if shape is None else float(shape))
         if not (math.isfinite(shape) or fixed is not None) or shape < 0:
-            raise ValueError(f"shape must be a finite number >= 0; got {shape!r}")
+            raise UserError(f"shape must be a finite number >= 0; got {shape!r}")
         least = 1.0 if distribution == "poisson" else 1.0 + 1e-9
         if not math.isfinite(mean) or mean < least:
-            raise ValueError(f"mean_trials must be {'>= 1' if distribution == 'poisson' else '> 1'}; got {mean!r}")
+            raise UserError(f"mean_trials must be {'>= 1' if distribution == 'poisson' else '> 1'}; got {mean!r}")
         return cls(distribution, float(mean), shape)
 
     @property
@@ -117,9 +118,9 @@ class TrialCount:
 def score_noise_multiplier(score_noise: float, validation_size: int) -> float:
     """Noise multiplier of the score release: std ``score_noise`` over sensitivity 1/n_val."""
     if not score_noise > 0:
-        raise ValueError(f"score_noise must be > 0; got {score_noise!r}")
+        raise UserError(f"score_noise must be > 0; got {score_noise!r}")
     if validation_size < 1:
-        raise ValueError(f"validation_size must be >= 1; got {validation_size!r}")
+        raise UserError(f"validation_size must be >= 1; got {validation_size!r}")
     return float(score_noise) * int(validation_size)
 
 
@@ -192,13 +193,13 @@ def _calibrate(epsilon: float, delta: float, q: float, steps: int, score: float,
 
     floor = rdp_epsilon(count.event(dp_event.GaussianDpEvent(score)), delta)   # σ → ∞: the score release alone
     if floor >= epsilon:
-        raise ValueError(f"score_noise too small for ε={epsilon:g}: {count.distribution} selection of the score "
+        raise UserError(f"score_noise too small for ε={epsilon:g}: {count.distribution} selection of the score "
                          f"release alone spends ε={floor:.3g} (raise selection.score_noise or the cell's ε)")
     lo, hi = 0.0, 1.0
     while total(hi) > epsilon:
         lo, hi = hi, hi * 2
         if hi > SIGMA_MAX:
-            raise ValueError(f"no σ <= {SIGMA_MAX:g} meets ε={epsilon:g} after selection (the score release "
+            raise UserError(f"no σ <= {SIGMA_MAX:g} meets ε={epsilon:g} after selection (the score release "
                              f"spends ε={floor:.3g} alone; raise selection.score_noise)")
     if lo == 0.0:
         lo = hi / 2

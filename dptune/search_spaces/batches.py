@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
+from ..errors import UserError
 from ..privacy import calibrate_noise
 from ..privacy.schedule import num_steps, sample_rate
 
@@ -48,19 +49,19 @@ def min_step_floor(dataset_size: int, epochs: float, min_steps: int = MIN_STEPS)
 def _check_inputs(dataset_size: int, epochs: float, candidates: Iterable[int], min_steps: int,
                   plateau_tol: float) -> list[int]:
     if isinstance(dataset_size, bool) or int(dataset_size) != dataset_size or dataset_size < 1:
-        raise ValueError(f"dataset_size must be a whole number >= 1; got {dataset_size!r}")
+        raise UserError(f"dataset_size must be a whole number >= 1; got {dataset_size!r}")
     if not (epochs > 0 and math.isfinite(epochs)):
-        raise ValueError(f"epochs must be a finite number > 0; got {epochs!r}")
+        raise UserError(f"epochs must be a finite number > 0; got {epochs!r}")
     if isinstance(min_steps, bool) or int(min_steps) != min_steps or min_steps < 1:
-        raise ValueError(f"min_steps must be a whole number >= 1; got {min_steps!r}")
+        raise UserError(f"min_steps must be a whole number >= 1; got {min_steps!r}")
     if not (plateau_tol >= 0 and math.isfinite(plateau_tol)):
-        raise ValueError(f"plateau_tol must be a finite number >= 0; got {plateau_tol!r}")
+        raise UserError(f"plateau_tol must be a finite number >= 0; got {plateau_tol!r}")
     batch_sizes = sorted(set(candidates))
     if not batch_sizes:
-        raise ValueError("candidates must contain at least one batch size")
+        raise UserError("candidates must contain at least one batch size")
     for b in batch_sizes:
         if isinstance(b, bool) or int(b) != b or b < 1:
-            raise ValueError(f"batch sizes must be whole numbers >= 1; got {b!r}")
+            raise UserError(f"batch sizes must be whole numbers >= 1; got {b!r}")
     return [int(b) for b in batch_sizes]
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import pandas as pd
 
+from ..errors import UserError, NotFound
 from .batches import COLUMNS, Row, candidate_rows, fill_noise, prune_rows, rows_frame, spread
 from .noise_table import NoiseRequest, calibrate_many
 from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
@@ -182,7 +183,7 @@ class CellPlan:
         """The flat trial config of one trial (only searched B are allowed): training options and
         the plan's figures (:data:`PLAN_FIELDS`), σ once."""
         if batch_size not in self.searched_batch_sizes:
-            raise ValueError(f"batch_size {batch_size} is not searched in cell {self.cell.key}; "
+            raise UserError(f"batch_size {batch_size} is not searched in cell {self.cell.key}; "
                              f"searched: {', '.join(map(str, self.searched_batch_sizes))}")
         row = self.row(batch_size)
         c = self.cell
@@ -309,7 +310,7 @@ class SweepPlan:
             problems.append(f"cell {c.cell.key} keeps no batch size (lower pruning.min_steps, add smaller "
                             "batch sizes or more epochs)")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise UserError("; ".join(problems))
 
     def trials(self) -> list[dict]:
         """All trial configs of a grid or random sweep, cell by cell."""
@@ -354,7 +355,7 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     space = SearchSpace.from_spec(spec)
     unregistered = [d.name for d in space.axes.dataset if d.name not in catalog.datasets]
     if strict and unregistered:
-        raise ValueError(f"dataset(s) {', '.join(unregistered)} are not registered; sizes declared under "
+        raise UserError(f"dataset(s) {', '.join(unregistered)} are not registered; sizes declared under "
                          "dataset_sizes are for planning only")
     sizes = {}
     for d in space.axes.dataset:
@@ -366,9 +367,9 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
             sizes[d] = _dataset_size(catalog, d)
         except FileNotFoundError as exc:
             hint = "" if strict else "; to plan without the data, declare its size under dataset_sizes"
-            raise FileNotFoundError(f"{exc}{hint}") from None
+            raise NotFound(f"{exc}{hint}") from None
         if declared is not None and declared != sizes[d]:
-            raise ValueError(f"dataset_sizes.{d.name}: declared {declared:,} training examples but the data has "
+            raise UserError(f"dataset_sizes.{d.name}: declared {declared:,} training examples but the data has "
                              f"{sizes[d]:,}; σ must be calibrated for the trainer's q = B/N")
     fraction = space.selection.validation_fraction
     validation = {d: math.ceil(fraction * n) for d, n in sizes.items()}
@@ -425,7 +426,7 @@ def _selection_noise(cells: list[Cell], candidates: dict, space: SearchSpace, va
             try:
                 sigma = calibrate_selection_noise(c.epsilon, c.delta, q, steps, score_multiplier=score, count=count)
             except ValueError as exc:
-                raise ValueError(f"selection.score_noise: cell {c.key}: {exc}") from None
+                raise UserError(f"selection.score_noise: cell {c.key}: {exc}") from None
             sigmas[request(c, q, steps)] = sigma
             privacy.setdefault(c, {})[row["batch_size"]] = selection_privacy(
                 sigma, q, steps, score_multiplier=score, count=count, delta=c.delta)

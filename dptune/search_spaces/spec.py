@@ -21,10 +21,11 @@ from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import yaml
 
+from ..errors import NotFound, UserError
 from ..registry import Registry
 
 
-class SpecError(ValueError):
+class SpecError(UserError):
     """A sweep spec is invalid; the message names every bad field and what is allowed."""
 
 
@@ -111,7 +112,7 @@ def read_spec_file(path: str | os.PathLike) -> Mapping[str, Any]:
     """Read a YAML spec file into a mapping (errors name the file)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"spec file not found: {path}")
+        raise NotFound(f"spec file not found: {path}")
     text = path.read_text()
     try:
         raw = yaml.safe_load(text)

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
+from ..errors import UserError
 from .batching import Inputs, batch_len, model_outputs
 from .layer_rules import BROADCAST, RULES, Call, NormContext, Rule
 from .norm_estimators import WEIGHT_NORMS
@@ -93,7 +94,7 @@ def plan_modules(model: nn.Module) -> list[_Planned]:
         entry.names.append(local)
         entry.qualified.append(qualified)
     if problems:
-        raise ValueError("no per-sample norm for these trainable parameters:\n  " + "\n  ".join(problems))
+        raise UserError("no per-sample norm for these trainable parameters:\n  " + "\n  ".join(problems))
     return list(planned.values())
 
 
@@ -115,7 +116,7 @@ class BookKeepingEngine:
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, estimator: str = "ghost", sketch_k: int | None = None,
                  generator: torch.Generator | None = None, max_kept_bytes: int | None = None) -> None:
         if estimator not in WEIGHT_NORMS:
-            raise ValueError(f"estimator must be one of {', '.join(WEIGHT_NORMS)}; got {estimator!r}")
+            raise UserError(f"estimator must be one of {', '.join(WEIGHT_NORMS)}; got {estimator!r}")
         self.model = model
         self.loss_fn = loss_fn
         self.ctx = NormContext(estimator, sketch_k, generator)
@@ -148,13 +149,13 @@ class BookKeepingEngine:
 
         def record(entry: _Planned, module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
             if not isinstance(output, torch.Tensor):
-                raise ValueError(f"{', '.join(entry.qualified)}: {type(module).__name__} returns "
+                raise UserError(f"{', '.join(entry.qualified)}: {type(module).__name__} returns "
                                  f"{type(output).__name__}, not one tensor; no per-sample rule")
             if not output.requires_grad:
                 return  # no gradient flows to its parameters through this call
             if not (args and isinstance(args[0], torch.Tensor) and args[0].shape[:1] == output.shape[:1]
                     == (batch_size,)):
-                raise ValueError(f"{', '.join(entry.qualified)}: the engine needs the batch on dim 0 of "
+                raise UserError(f"{', '.join(entry.qualified)}: the engine needs the batch on dim 0 of "
                                  f"{type(module).__name__}'s first input and output")
             call = Call(tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args), dict(kwargs))
             self._track(entry, call, output)
@@ -307,7 +308,7 @@ class BookKeepingEngine:
         missing = [q for q, g in recon.items() if not _close(g, reference.get(q))]
         missing += [q for q, g in reference.items() if q not in recon and g is not None and bool(g.abs().max() > 0)]
         if missing:
-            raise ValueError("these parameters get gradient the hooks do not see (used outside their "
+            raise UserError("these parameters get gradient the hooks do not see (used outside their "
                              "module, e.g. by a functional call): " + ", ".join(missing))
         self.checked = True
 

@@ -15,10 +15,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
+from ..errors import UserError
 from .registries import CLIP_FNS, DENOISE_SCOPES, DENOISERS, DIAGNOSTICS, NORM_ENGINES, OPTIMIZERS, PEFT_METHODS
 
 
-class OptionError(ValueError):
+class OptionError(UserError):
     """A training option outside its rule: ``option`` must be ``allowed``; got ``value``.
     ``choices``: the names allowed, when the rule is a registry (``None`` among them if optional)."""
 
@@ -156,7 +157,7 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown training option(s): {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+            raise UserError(f"unknown training option(s): {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
         return cls(**values)
 
     def to_dict(self) -> dict:

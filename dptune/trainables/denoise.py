@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 
 import torch
 
+from ..errors import UserError
 from .config import FIELDS, check_option
 from .registries import DENOISE_SCOPES
 
@@ -111,9 +112,9 @@ class BatchDenoised(NamedTuple):
 
 def _check(noise_std: float, kappa: float) -> None:
     if not (math.isfinite(noise_std) and noise_std >= 0):
-        raise ValueError(f"noise_std must be finite and >= 0; got {noise_std!r}")
+        raise UserError(f"noise_std must be finite and >= 0; got {noise_std!r}")
     if not (math.isfinite(kappa) and kappa >= 1):
-        raise ValueError(f"kappa must be >= 1 (the gate sits at κ times the noise bulk edge); got {kappa!r}")
+        raise UserError(f"kappa must be >= 1 (the gate sits at κ times the noise bulk edge); got {kappa!r}")
 
 
 def rmt_denoise_batch(grads: torch.Tensor, noise_std: float, kappa: float = DEFAULT_KAPPA, *,
@@ -123,7 +124,7 @@ def rmt_denoise_batch(grads: torch.Tensor, noise_std: float, kappa: float = DEFA
     ``norm_correction=False`` (an ablation) returns the shrunk matrix X̂ itself, not X̂·‖ĝ‖/‖X̂‖."""
     _check(noise_std, kappa)
     if grads.dim() != 3:
-        raise ValueError(f"grads must be a [k, m, n] stack of matrices; got shape {tuple(grads.shape)}")
+        raise UserError(f"grads must be a [k, m, n] stack of matrices; got shape {tuple(grads.shape)}")
     _, m, n = grads.shape
     work = grads if grads.dtype in (torch.float32, torch.float64) else grads.float()  # SVD needs fp32/fp64
     U, S, Vh = torch.linalg.svd(work, full_matrices=False)  # [k, m, r], [k, r], [k, r, n]; r = min(m, n)
@@ -156,7 +157,7 @@ def rmt_denoise(grad: torch.Tensor, noise_std: float, kappa: float = DEFAULT_KAP
     True
     """
     if grad.dim() != 2:
-        raise ValueError(f"grad must be a 2-D matrix; got shape {tuple(grad.shape)}")
+        raise UserError(f"grad must be a 2-D matrix; got shape {tuple(grad.shape)}")
     return rmt_denoise_batch(grad.unsqueeze(0), noise_std, kappa, norm_correction=norm_correction).denoised[0]
 
 
@@ -175,7 +176,7 @@ def rmt_denoise_matrices(grads: Mapping[str, torch.Tensor], noise_std: float, *,
     groups: dict[tuple, list[str]] = {}
     for name, g in grads.items():
         if g.dim() != 2:
-            raise ValueError(f"{name}: only 2-D gradients can be denoised; got shape {tuple(g.shape)}")
+            raise UserError(f"{name}: only 2-D gradients can be denoised; got shape {tuple(g.shape)}")
         m, n = sorted(g.shape)  # m×n and n×m matrices share a batch (the formulas are symmetric in m, n)
         groups.setdefault((m, n, g.dtype, g.device), []).append(name)
     out: dict[str, torch.Tensor] = {}
@@ -294,7 +295,7 @@ class RMTDenoiser:
         """The names of the parameters it denoises (2-D, in scope); refuses a scope that selects none."""
         names = [n for n, p in params.items() if p.dim() == 2 and self.in_scope(n)]
         if not names:
-            raise ValueError(f"denoise_scope={self.scope!r} selects no 2-D trainable parameter of this model "
+            raise UserError(f"denoise_scope={self.scope!r} selects no 2-D trainable parameter of this model "
                              f"(allowed: {', '.join(DENOISE_SCOPES)}; 'lora' needs LoRA factors)")
         return names
 

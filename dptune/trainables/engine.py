@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from ..errors import UserError
 from ..privacy.validation import check_estimator
 from .batching import Inputs, batch_len, micro_batches
 from .config import check_option
@@ -87,7 +88,7 @@ class DPEngine:
                             ("clip_fn", clip_fn), ("max_physical_batch_size", max_physical_batch_size)):
             check_option(name, value)   # the trainer's own rule for each (trainables/config.py)
         if not expected_batch_size > 0:
-            raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}")
+            raise UserError(f"expected_batch_size must be > 0; got {expected_batch_size!r}")
         check_model(model)
         self.model = model
         self.params = trainable_parameters(model)

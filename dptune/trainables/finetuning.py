@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 
 from torch import nn
 
+from ..errors import UserError
 from .registries import PEFT_METHODS
 
 #: Normalisation layers whose affine parameters FiLM trains. Library-specific norms that do not
@@ -53,7 +54,7 @@ def _modules_named(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
     found = dict(model.named_modules())
     missing = [n for n in names if n not in found]
     if missing:
-        raise ValueError(f"head module(s) {', '.join(missing)} not found in {type(model).__name__}")
+        raise UserError(f"head module(s) {', '.join(missing)} not found in {type(model).__name__}")
     return [found[n] for n in names]
 
 
@@ -61,7 +62,7 @@ def apply_peft(model: nn.Module, method: str, *, head: Sequence[str], lora: Lora
     """Freeze ``model`` except what ``method`` trains; returns the model to train (a ``peft``
     wrapper for LoRA). ``head`` names the newly initialised modules, always trained."""
     if method not in PEFT_METHODS:
-        raise ValueError(f"peft must be one of {', '.join(PEFT_METHODS)}; got {method!r}")
+        raise UserError(f"peft must be one of {', '.join(PEFT_METHODS)}; got {method!r}")
     if method == "full":
         model.requires_grad_(True)
         return model
@@ -71,7 +72,7 @@ def apply_peft(model: nn.Module, method: str, *, head: Sequence[str], lora: Lora
 
         lora = lora or LoraSettings()
         if not lora.target_modules:
-            raise ValueError(f"LoRA needs target modules for {type(model).__name__}; set lora_targets")
+            raise UserError(f"LoRA needs target modules for {type(model).__name__}; set lora_targets")
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                             target_modules=list(lora.target_modules), bias="none")
         with warnings.catch_warnings():  # peft calls a transformers method deprecated in v5

@@ -25,6 +25,7 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset
 
+from ..errors import UserError
 from .data_sources import HF_SOURCES, HFSource, bbc_root, local_path
 from .hub import ResourceNotFound, hub_access, unavailable
 from .splits import DatasetSplits
@@ -126,7 +127,7 @@ def _label_column(split: datasets.Dataset, preferred: str | None) -> str:
         return class_labels[0]
     if "label" in split.features:
         return "label"
-    raise ValueError(f"cannot tell the label column among {', '.join(split.features)}")
+    raise UserError(f"cannot tell the label column among {', '.join(split.features)}")
 
 
 def _text_column(split: datasets.Dataset) -> str:
@@ -184,7 +185,7 @@ def image_splits(name: str, data: datasets.DatasetDict, *, seed: int, image_size
     train, test, label = _train_test(data, test_size, seed, label_column)
     image = next((c for c, f in train.features.items() if isinstance(f, Image)), None)
     if image is None:
-        raise ValueError(f"dataset {name!r}: no image column among {', '.join(train.features)}")
+        raise UserError(f"dataset {name!r}: no image column among {', '.join(train.features)}")
     y_train, y_test = np.asarray(train[label]), np.asarray(test[label])
     train, y_train = _subset(train, y_train, train_fraction, seed)
     transform = image_transform(image_size, mean, std, crop_pct, interpolation)
@@ -218,7 +219,7 @@ def text_splits(name: str, texts: tuple[Sequence[str], Sequence[str]], labels: t
                 class_names: list[str], *, tokenizer: str | None, max_length: int) -> DatasetSplits:
     """:class:`DatasetSplits` of tokenised text; ``tokenizer`` defaults to the embedded MiniLM's."""
     if max_length < 2:
-        raise ValueError(f"max_length must be >= 2; got {max_length}")
+        raise UserError(f"max_length must be >= 2; got {max_length}")
     if tokenizer is None:
         from .text_models import checkpoint_source
 

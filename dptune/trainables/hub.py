@@ -17,12 +17,14 @@ from contextlib import contextmanager
 from typing import Iterator
 from urllib.parse import urlparse
 
+from ..errors import NotFound
+
 #: Seconds the reachability probe waits for a TCP connection to the hub endpoint.
 PROBE_TIMEOUT_S = float(os.environ.get("DPTUNE_HUB_TIMEOUT", "3"))
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
-class ResourceNotFound(FileNotFoundError):
+class ResourceNotFound(NotFound):
     """A model or dataset that is neither on a reachable hub nor available locally."""
 
 

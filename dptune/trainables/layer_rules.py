@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vjp, vmap
 
+from ..errors import UserError
 from .norm_estimators import WEIGHT_NORMS, gram_sq_norms
 
 #: Per-sample weight gradients are materialised only while they take at most this many bytes per
@@ -378,7 +379,7 @@ class Leaf(Rule):
         total: dict[str, torch.Tensor] = {}
         for call in calls:
             if any(isinstance(v, torch.Tensor) for v in call.kwargs.values()):
-                raise ValueError(f"{type(module).__name__} ({', '.join(names)}) is called with tensor keyword "
+                raise UserError(f"{type(module).__name__} ({', '.join(names)}) is called with tensor keyword "
                                  "arguments; no per-sample rule")
             batched = [isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch_size for a in call.args]
 
@@ -391,7 +392,7 @@ class Leaf(Rule):
                 grads = vmap(example_grads, in_dims=(0, *[0 if b else None for b in batched]),
                              randomness="error")(call.grad, *call.args)  # {name: [b, *shape]}
             except Exception as exc:
-                raise ValueError(f"no per-sample gradient for {type(module).__name__} ({', '.join(names)}): "
+                raise UserError(f"no per-sample gradient for {type(module).__name__} ({', '.join(names)}): "
                                  f"{exc}") from exc
             for n, g in grads.items():
                 total[n] = total[n] + g if n in total else g

@@ -5,6 +5,7 @@ from typing import Iterable
 
 import torch
 
+from ..errors import UserError
 from .registries import OPTIMIZERS
 
 
@@ -27,5 +28,5 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], *, lr: float
                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """SGD (optional momentum), Adam or AdamW at learning rate ``lr``."""
     if not lr > 0:
-        raise ValueError(f"learning_rate must be > 0; got {lr!r}")
+        raise UserError(f"learning_rate must be > 0; got {lr!r}")
     return OPTIMIZERS.get(name)(params, lr=lr, momentum=momentum, weight_decay=weight_decay)

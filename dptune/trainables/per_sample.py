@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from ..errors import UserError
 from .batching import Inputs, model_outputs
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -35,7 +36,7 @@ def check_model(model: nn.Module) -> None:
     if not trainable_parameters(model):
         problems.append("the model has no trainable parameters")
     if problems:
-        raise ValueError("model not supported by DP training:\n  " + "\n  ".join(problems))
+        raise UserError("model not supported by DP training:\n  " + "\n  ".join(problems))
 
 
 class VmapNormEngine:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 
 
+
+from ..errors import UserError
 class PoissonSampler:
     """Draws index tensors of Poisson-sampled batches from a seeded generator.
 
@@ -17,9 +19,9 @@ class PoissonSampler:
 
     def __init__(self, num_examples: int, sample_rate: float, *, seed: int = 0) -> None:
         if num_examples < 1:
-            raise ValueError(f"num_examples must be >= 1; got {num_examples}")
+            raise UserError(f"num_examples must be >= 1; got {num_examples}")
         if not 0.0 < sample_rate <= 1.0:
-            raise ValueError(f"sample_rate must be in (0, 1]; got {sample_rate}")
+            raise UserError(f"sample_rate must be in (0, 1]; got {sample_rate}")
         self.num_examples = num_examples
         self.sample_rate = sample_rate
         self.generator = torch.Generator().manual_seed(seed)

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 
+
+from ..errors import UserError
 def _flat_dim(features: nn.Module, input_shape: tuple[int, ...]) -> int:
     with torch.no_grad():
         return features(torch.zeros(1, *input_shape)).flatten(1).shape[1]
@@ -59,7 +61,7 @@ def wide_resnet(*, num_classes: int, input_shape: tuple[int, ...], depth: int = 
                 groups: int = 16) -> nn.Module:
     """WideResNet-depth-width (Zagoruyko & Komodakis 2016) with GroupNorm (De et al. 2022)."""
     if (depth - 4) % 6:
-        raise ValueError(f"depth must be 6n + 4; got {depth}")
+        raise UserError(f"depth must be 6n + 4; got {depth}")
     n = (depth - 4) // 6
     widths = [16, 16 * width, 32 * width, 64 * width]
     layers: list[nn.Module] = [nn.Conv2d(input_shape[0], widths[0], 3, padding=1, bias=False)]

@@ -9,6 +9,8 @@ import torch
 from torch.utils.data import Dataset, Subset, TensorDataset, default_collate
 
 
+
+from ..errors import UserError
 @dataclass
 class DatasetSplits:
     name: str
@@ -44,7 +46,7 @@ def with_validation(splits: DatasetSplits, fraction: float, seed: int) -> Datase
     data and the selection is not accounted for); test data is left for reporting only.
     """
     if not 0 < fraction < 1:
-        raise ValueError(f"validation_fraction must be in (0, 1); got {fraction!r}")
+        raise UserError(f"validation_fraction must be in (0, 1); got {fraction!r}")
     from sklearn.model_selection import train_test_split
 
     labels = labels_of(splits.train).numpy()

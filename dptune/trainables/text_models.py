@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .finetuning import LoraSettings, apply_peft
 from .hub import ResourceNotFound, hub_access, unavailable
 from .registries import TEXT_BACKBONES
@@ -132,7 +133,7 @@ def create_text_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}; got {attention!r}")
+        raise UserError(f"attention must be one of {', '.join(ATTENTION)}; got {attention!r}")
     _register_attention()
     source = _source(name, weights)
     overrides = {"num_labels": num_classes, **overrides}

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import UserError
 from ..privacy import calibrate_noise, epsilon_spent
 from ..privacy.schedule import num_steps, sample_rate
 from ..registry import check_options
@@ -35,8 +36,9 @@ from .registries import DENOISERS, DIAGNOSTICS
 from .sampling import PoissonSampler
 
 
-class TrialDiverged(FloatingPointError):
-    """The evaluated loss became NaN or infinite (a trial is recorded as errored)."""
+class TrialDiverged(UserError, FloatingPointError):
+    """The evaluated loss became NaN or infinite (a trial is recorded as errored; ``dptune train``
+    says so in one line: a smaller learning rate usually cures it)."""
 
 
 #: Called by :meth:`Trainer.fit` after every epoch with that epoch's metrics and the whole history.
@@ -69,7 +71,7 @@ class PrivacyPlan:
 def plan_privacy(cfg: TrainConfig, num_examples: int) -> PrivacyPlan:
     """q, T and σ for a config (σ = 0 for non-private runs; calibrated unless given)."""
     if cfg.batch_size > num_examples:
-        raise ValueError(f"batch_size must be <= the training set size {num_examples}; got {cfg.batch_size}")
+        raise UserError(f"batch_size must be <= the training set size {num_examples}; got {cfg.batch_size}")
     q = sample_rate(cfg.batch_size, num_examples)
     steps = num_steps(cfg.epochs, num_examples, cfg.batch_size)
     if not cfg.private:
@@ -86,7 +88,7 @@ def check_workers(state: dict, workers: int) -> None:
     steps' sums depend on W, so it resumes with the same result only on as many as wrote it."""
     saved = state.get("workers", 1)
     if saved != workers:
-        raise ValueError(f"this checkpoint was written on {saved} worker(s); it resumes with the same result only "
+        raise UserError(f"this checkpoint was written on {saved} worker(s); it resumes with the same result only "
                          f"on {saved} (the shards and step order depend on it), not on {workers}: set "
                          f"resources.workers to {saved}")
 
@@ -305,7 +307,7 @@ class Trainer:
         check_workers(state, self.workers.size)
         missing = set(self.trainable_state()) - set(state["model"])
         if missing:
-            raise ValueError(f"checkpoint lacks trainable tensors: {', '.join(sorted(missing))}")
+            raise UserError(f"checkpoint lacks trainable tensors: {', '.join(sorted(missing))}")
         self.model.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..errors import UserError
 from .finetuning import LoraSettings, apply_peft
 from .hub import ResourceNotFound, hub_access, unavailable
 
@@ -29,11 +30,11 @@ def _pretrained_cfg(name: str) -> dict:
     from timm.models import get_pretrained_cfg
 
     if not timm.is_model(name):
-        raise ValueError(f"timm has no model {name!r} (list them with timm.list_models())")
+        raise UserError(f"timm has no model {name!r} (list them with timm.list_models())")
     try:
         return get_pretrained_cfg(name).to_dict()
     except RuntimeError as exc:  # an unknown pretrained tag
-        raise ValueError(f"timm model {name!r}: {exc}") from None
+        raise UserError(f"timm model {name!r}: {exc}") from None
 
 
 def _checkpoint(name: str, weights: str | None, cfg: dict) -> Path:
@@ -81,7 +82,7 @@ def create_timm_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
     import timm
 
     if attention not in ("eager", "sdpa"):
-        raise ValueError(f"attention must be eager or sdpa; got {attention!r}")
+        raise UserError(f"attention must be eager or sdpa; got {attention!r}")
     cfg = _pretrained_cfg(name)
     kwargs = dict(overrides)
     if cfg.get("fixed_input_size") and tuple(input_shape[1:]) != tuple(cfg["input_size"][1:]):
@@ -96,7 +97,7 @@ def create_timm_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
             model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)},
                                       num_classes=num_classes, **kwargs)
         except RuntimeError as exc:  # state-dict mismatch: another architecture's checkpoint
-            raise ValueError(f"weights {path} do not fit timm model {name!r}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"weights {path} do not fit timm model {name!r}: {str(exc).splitlines()[0]}") from None
     for module in model.modules():
         if hasattr(module, "fused_attn"):  # timm's switch between the two attention paths
             module.fused_attn = attention == "sdpa"
