@@ -1,8 +1,6 @@
 """Driver-side Ray Tune callback that writes every finished or errored trial to the results store."""
 from __future__ import annotations
 
-import os
-
 from ray import tune
 
 from .kept import KEPT, config_id
@@ -17,15 +15,6 @@ from .tune_adapter import checkpoint_state
 #: many small files plus the store's few parts (reading a file costs ~0.3 ms whatever its size).
 COMPACT_EVERY = 64
 
-# The results store is the sweep's record: Ray Tune's own per-trial CSV, JSON and TensorBoard
-# loggers (a TensorBoard writer and three files per trial, about a third of the driver's time per
-# trial in a sweep of short trials) are off unless the user sets TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0.
-os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-# Ray Tune's console output: its new engine prints a configuration box ("Number of trials
-# 9223372036854775807" for a searcher's open-ended run) and a results path whatever the verbosity;
-# the classic engine prints nothing at verbose 0 (dptune's own lines, progress.py) and its progress
-# tables under `dptune sweep --verbose`.
-os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 
 class StoreCallback(tune.Callback):

@@ -15,6 +15,7 @@ from ray import tune
 
 from .callbacks import StoreCallback
 from .progress import TrialLines
+from .ray_setup import configure_driver
 from .ray_orphans import stop_orphans
 from .layout import DEFAULT_STORAGE, WORKER_RUNS, ExperimentPaths, absolute
 from .multi_worker import run_on_workers
@@ -92,7 +93,9 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashbo
     address 127.0.0.1, no dashboard, token authentication on with a token only its owner can read
     (:func:`private_ray_token`). Ray's gRPC servers still listen on every interface (Ray 2.60 has
     no setting for their bind address; see the README's security note). Ray processes a killed
-    earlier local session left running are stopped first (:mod:`.ray_orphans`)."""
+    earlier local session left running are stopped first (:mod:`.ray_orphans`). The driver's
+    environment and log levels are set here too (:func:`.ray_setup.configure_driver`)."""
+    configure_driver()
     if ray.is_initialized():
         return
     if address:
@@ -161,11 +164,3 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
         callbacks=callbacks,
         verbose=settings.verbose)
 
-
-# `dptune resume`: Ray Tune's ResultGrid reads each trial's progress file and warns "Failed to fetch
-# metrics for N trial(s) … FileNotFoundError" for trials that never wrote one (e.g. not started when
-# the driver stopped). dptune never reads those frames (results come from its own store), so the
-# warning says nothing about the resume; errors are still shown.
-logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-# Checkpointing every epoch of many short trials is the point; Ray's warning about it is noise.
-os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")

@@ -19,7 +19,6 @@ A scheduler that stops a multi-worker trial early (after one of its reports) abo
 """
 from __future__ import annotations
 
-import logging
 import queue as std_queue
 import threading
 
@@ -32,7 +31,6 @@ from . import tune_adapter
 from .spec_sections import Resources
 from .trainable import epoch_report, planned_trainer, run_state
 
-logging.getLogger("ray.train").setLevel(logging.WARNING)
 
 
 def run_on_workers(config: dict, resources: Resources, *, max_failures: int, storage: str) -> None:
@@ -104,7 +102,6 @@ def _worker_loop(loop_config: dict) -> None:
 
     from ..trainables.distributed import ProcessGroupWorkers
 
-    _quiet_reports()
     config = loop_config["config"]
     workers = ProcessGroupWorkers()
     if config.get("device", "auto") in ("auto", "cuda") and torch.cuda.is_available():
@@ -137,15 +134,3 @@ class _Relay(ray.train.UserCallback):
     def after_report(self, run_context: object, metrics: list[dict], checkpoint: object) -> None:
         controller = ray.get_runtime_context().current_actor  # so that a stopped trial can abort its run
         self.reports.put((dict(metrics[0]), checkpoint, controller))
-
-
-def _quiet_reports() -> None:
-    """No INFO line per report and checkpoint from this Train worker (Ray 2.60 logs them under a
-    logger named by its module's file path)."""
-    logging.getLogger("ray.train").setLevel(logging.WARNING)
-    try:
-        from ray.train.v2._internal.execution import context
-
-        logging.getLogger(context.__file__).setLevel(logging.WARNING)
-    except ImportError:  # another Ray release: its lines stay
-        pass

@@ -1,7 +1,6 @@
 """The one place that touches Ray Tune's reporting and checkpoint API (it changes between releases)."""
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import tempfile
@@ -10,13 +9,14 @@ from typing import Any
 import torch
 from ray import tune
 
+from .ray_setup import quiet_trial_logs
+
 STATE_FILE = "state.pt"
-logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per epoch is noise
-logging.getLogger("ray.tune").setLevel(logging.WARNING)
 
 
 def report(metrics: dict, state: dict | None = None) -> None:
     """Report one epoch's metrics, with a checkpoint of ``state`` when given."""
+    quiet_trial_logs()   # one "checkpoint created" line per epoch is noise
     if state is None:
         tune.report(metrics)
         return
@@ -30,6 +30,7 @@ def train_report(metrics: dict, state: dict | None = None) -> None:
     with a checkpoint of ``state``."""
     import ray.train
 
+    quiet_trial_logs()
     if state is None:
         ray.train.report(metrics)
         return

@@ -171,7 +171,7 @@ def test_sweep_mixing_one_and_two_worker_trials_with_a_killed_worker(local_ray, 
         one.run_epoch()
     for name, p in one.trainable_state().items():
         assert torch.allclose(state["trainer"]["model"][name], p, rtol=1e-4, atol=1e-6), name
-    assert on_two.metrics["accuracy"] == pytest.approx(float(rows[rows.batch_size == 64].accuracy.iloc[0]))
+    assert on_two.metrics["test_accuracy"] == pytest.approx(float(rows[rows.batch_size == 64].accuracy.iloc[0]))
     assert math.isfinite(on_two.metrics["epsilon_spent"])
 
 
