@@ -9,13 +9,14 @@ a sweep; this module draws the curves after it, from the store's cells.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from ..privacy import calibrate_noise
-from ..search_spaces.batches import MIN_STEPS, PLATEAU_TOL, candidate_rows, min_step_floor, prune_rows
+from ..search_spaces.batches import MIN_STEPS, PLATEAU_TOL, batch_rows, min_step_floor
 from .results import DEFAULT_DELTA, Sweep
 
 __all__ = ["MIN_STEPS", "PLATEAU_TOL", "noise_curve", "default_batch_grid", "cell_noise_curves", "min_step_floor"]
@@ -31,15 +32,9 @@ def noise_curve(epsilon: float, delta: float, dataset_size: int, epochs: float, 
     ``kept`` marks the plateau after the minimum-step floor; ``reason`` says why a B is not kept.
     A B that cannot be calibrated (ε unreachable) gets NaN noise and the accountant's message.
     """
-    rows = candidate_rows(dataset_size, epochs, sorted({int(b) for b in batch_sizes if 1 <= int(b) <= dataset_size}))
-    for row in rows:
-        try:
-            row["noise_multiplier"] = sigma = calibrate_noise(epsilon, delta, row["sample_rate"], row["steps"],
-                                                              norm_estimator=norm_estimator, sketch_k=sketch_k)
-            row["noise_sqrt_steps"] = sigma * math.sqrt(row["steps"])
-        except ValueError as exc:
-            row["reason"] = f"not calibrated: {exc}"
-    rows = prune_rows(rows, min_steps=min_steps, plateau_tol=plateau_tol)
+    rows = batch_rows(dataset_size, epochs, sorted({int(b) for b in batch_sizes if 1 <= int(b) <= dataset_size}),
+                      functools.partial(calibrate_noise, epsilon, delta, norm_estimator=norm_estimator,
+                                        sketch_k=sketch_k), min_steps=min_steps, plateau_tol=plateau_tol)
     floor = min((row["noise_sqrt_steps"] for row in rows if row["reason"] in (None, "off_plateau")), default=math.nan)
     for row in rows:
         if row["reason"] == "min_steps":

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ray import tune
 
+from .faults import fault_point
 from .kept import KEPT, config_id
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
@@ -55,6 +56,7 @@ class StoreCallback(tune.Callback):
         row["config_id"] = config_id(trial.config)
         self.store.write_trial(row, epoch_rows(history, row["metric"]), gradnorm_rows(history))
         self.store.compact_every(self.compact_every)
+        fault_point("trial_recorded")
 
 
 def stopped_early(last: dict | None) -> bool:

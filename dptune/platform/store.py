@@ -41,6 +41,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import UserError
+from .faults import fault_point
 from .layout import filesystem
 
 TABLES = ("trials", "epochs", "gradnorms")
@@ -245,6 +246,7 @@ def retrying(action: Callable[[], T], seconds: float) -> T:
         except OSError:
             if time.monotonic() + delay > deadline:
                 raise
+            fault_point("storage_retry")
             time.sleep(delay)
             delay = min(2 * delay, 8.0)
 

@@ -78,11 +78,11 @@ def sigma_key(epsilon: float, delta: float, sample_rate: float, steps: int, norm
 def calibrate_noise_series(epsilon: float, delta: float, schedules: Sequence[tuple[float, int]], *,
                            norm_estimator: str = "exact", sketch_k: int | None = None) -> list[float]:
     """``calibrate_noise`` for each (sample_rate, steps) of ``schedules``, in the order given, each
-    search warm-started from those before it: the CLT guess times the ratio σ/σ_CLT that its
-    neighbours needed (extrapolated linearly in log q from the last two). Give the batch sizes of one cell in increasing order (σ/σ_CLT varies
-    smoothly along them). Same guarantee and the same cache entries as ``calibrate_noise``."""
+    search warm-started (its ``guess``) from those before it: the CLT guess times the ratio
+    σ/σ_CLT that its neighbours needed (extrapolated linearly in log q from the last two). Give the
+    batch sizes of one cell in increasing order (σ/σ_CLT varies smoothly along them). The same
+    calls, so the same guarantee and the same cache entries, as ``calibrate_noise``."""
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    norm_estimator, sketch_k = check_estimator(norm_estimator, sketch_k)
     seen: list[tuple[float, float]] = []  # (log q, log σ/σ_CLT) of the schedules done
     sigmas = []
     for sample_rate, steps in schedules:
@@ -94,8 +94,8 @@ def calibrate_noise_series(epsilon: float, delta: float, schedules: Sequence[tup
         else:
             log_ratio = seen[-1][1] if seen else 0.0
         guess = clt * math.exp(log_ratio) if seen else None
-        sigma = cached(sigma_key(epsilon, delta, q, steps, norm_estimator, sketch_k),
-                       lambda: _search(epsilon, delta, q, steps, norm_estimator, sketch_k, guess=guess))
+        sigma = calibrate_noise(epsilon, delta, q, steps, norm_estimator=norm_estimator, sketch_k=sketch_k,
+                                guess=guess)
         seen.append((math.log(q), math.log(sigma / clt)))
         sigmas.append(sigma)
     return sigmas

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 from prv_accountant.composers import Fourier
@@ -204,8 +204,3 @@ def compose_epsilon(prv: StepPRV, steps: int, delta: float, *, eps_error: float 
     except (RuntimeError, ValueError):
         # δ too small for the mesh's floating point, or ε beyond the domain: RDP is still valid.
         return _rdp_fallback(prv, steps, delta)
-
-
-def max_epsilon(prvs: Sequence[StepPRV], steps: int, delta: float, **kwargs) -> float:
-    """ε of the worst adjacency direction: add/remove adjacency takes the max over both."""
-    return max(compose_epsilon(p, steps, delta, **kwargs) for p in prvs)

@@ -15,6 +15,7 @@ draws the same curves from a store after it.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Iterable
 
@@ -81,15 +82,28 @@ def candidate_rows(dataset_size: int, epochs: float, candidates: Iterable[int]) 
 
 
 def fill_noise(rows: list[Row], noise: Callable[[float, int], float]) -> list[Row]:
-    """Copies of ``rows`` with σ = ``noise(q, T)`` and σ√T for every candidate that fits the data."""
+    """Copies of ``rows`` with σ = ``noise(q, T)`` and σ√T for every candidate that fits the data; a
+    candidate ``noise`` cannot calibrate (ε unreachable: a UserError) is dropped with the reason."""
     out = []
     for row in rows:
         row = dict(row)
         if row["reason"] is None:
-            row["noise_multiplier"] = sigma = noise(row["sample_rate"], row["steps"])
-            row["noise_sqrt_steps"] = sigma * math.sqrt(row["steps"])
+            try:
+                row["noise_multiplier"] = sigma = noise(row["sample_rate"], row["steps"])
+                row["noise_sqrt_steps"] = sigma * math.sqrt(row["steps"])
+            except UserError as exc:
+                row["reason"] = f"not calibrated: {exc}"
         out.append(row)
     return out
+
+
+def batch_rows(dataset_size: int, epochs: float, candidates: Iterable[int], noise: Callable[[float, int], float], *,
+               min_steps: int, plateau_tol: float) -> list[Row]:
+    """The batch-size rule, the one path every caller takes (``batch_plan``, the planner, the
+    analysis's noise curves): (B, q, T) per candidate, σ = ``noise(q, T)`` where B fits the data,
+    then the minimum-step and plateau rules."""
+    rows = fill_noise(candidate_rows(dataset_size, epochs, candidates), noise)
+    return prune_rows(rows, min_steps=min_steps, plateau_tol=plateau_tol)
 
 
 def prune_rows(rows: list[Row], *, min_steps: int, plateau_tol: float) -> list[Row]:
@@ -149,7 +163,6 @@ def batch_plan(epsilon: float, delta: float, dataset_size: int, epochs: float, c
     so the trials of a sweep can reuse it instead of calibrating again.
     """
     batch_sizes = _check_inputs(dataset_size, epochs, candidates, min_steps, plateau_tol)
-    rows = fill_noise(candidate_rows(dataset_size, epochs, batch_sizes),
-                      lambda q, t: calibrate_noise(epsilon, delta, q, t, norm_estimator=norm_estimator,
-                                                   sketch_k=sketch_k))
-    return rows_frame(prune_rows(rows, min_steps=min_steps, plateau_tol=plateau_tol))
+    noise = functools.partial(calibrate_noise, epsilon, delta, norm_estimator=norm_estimator, sketch_k=sketch_k)
+    return rows_frame(batch_rows(dataset_size, epochs, batch_sizes, noise, min_steps=min_steps,
+                                 plateau_tol=plateau_tol))

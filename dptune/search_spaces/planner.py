@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UserError, NotFound
-from .batches import COLUMNS, Row, candidate_rows, fill_noise, prune_rows, rows_frame, spread
+from .batches import COLUMNS, Row, batch_rows, candidate_rows, rows_frame, spread
 from .noise_table import NoiseRequest, calibrate_many
 from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
 from .spec import Catalog, Spec
@@ -392,8 +392,9 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     pruning = space.pruning
     plans = []
     for c in cells:
-        rows = fill_noise(candidates[c], lambda q, t, c=c: sigmas[request(c, q, t)] if c.private else 0.0)
-        rows = prune_rows(rows, min_steps=pruning.min_steps, plateau_tol=pruning.plateau_tol)
+        rows = batch_rows(sizes[c.dataset], c.epochs, space.batch_sizes,
+                          lambda q, t, c=c: sigmas[request(c, q, t)] if c.private else 0.0,
+                          min_steps=pruning.min_steps, plateau_tol=pruning.plateau_tol)
         chosen = spread([row["batch_size"] for row in rows if row["kept"]], pruning.max_batch_sizes)
         for row in rows:
             row["searched"] = row["batch_size"] in chosen

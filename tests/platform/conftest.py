@@ -16,3 +16,4 @@ def rigged_ray():
     yield
     ray.shutdown()
     cloudpickle.unregister_pickle_by_value(rigged)
+

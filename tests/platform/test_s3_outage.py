@@ -5,10 +5,8 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 
 from types import SimpleNamespace
 
@@ -23,8 +21,9 @@ from dptune.platform.layout import ExperimentPaths
 from dptune.platform.tune_adapter import STATE_FILE
 
 from dptune.platform.store import ResultsStore, StoreWriteError
+from faulting import await_pause, faulted_env, resume_from_pause
 from s3_server import serving, started
-from test_driver_failure import SPEC, kill_tree
+from test_driver_failure import SPEC, dptune, kill_tree
 
 N_TRIALS = 8
 
@@ -36,23 +35,46 @@ def server(tmp_path):
         yield server
 
 
-def test_a_store_write_waits_for_the_server_to_come_back(server):
+@pytest.fixture
+def paused_at_the_first_retry(monkeypatch, tmp_path):
+    """This process pauses at its first storage retry (dptune/platform/faults.py) until the test says go."""
+    from collections import Counter
+
+    from dptune.platform import faults
+
+    folder = tmp_path / "faults"
+    for name, value in faulted_env("storage_retry@1=pause", folder).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(faults, "_passed", Counter())
+    return folder
+
+
+def during_the_outage(server, folder, action):
+    """Run ``action`` with the server stopped; restart the server once ``action`` has failed against
+    it and waits to retry (its first storage retry), then let it go on."""
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault("value", action()), daemon=True)
+    server.stop()
+    worker.start()
+    await_pause(folder, "storage_retry@1", alive=worker.is_alive)
+    server.start()
+    resume_from_pause(folder, "storage_retry@1")
+    worker.join(timeout=300)
+    assert not worker.is_alive()
+    return outcome
+
+
+def test_a_store_write_waits_for_the_server_to_come_back(server, paused_at_the_first_retry):
     store = ResultsStore(server.uri("restart", "store"))
     store.write_trial({"trial_id": "a", "accuracy": 0.5}, epochs=[{"epoch": 1, "accuracy": 0.5}])
-    server.stop()
-    restart = threading.Timer(3.0, server.start)
-    restart.start()
-    start = time.monotonic()
-    store.write_trial({"trial_id": "b", "accuracy": 0.75}, epochs=[{"epoch": e, "accuracy": e / 10} for e in (1, 2)])
-    waited = time.monotonic() - start
-    restart.join()
-    assert waited >= 3.0  # it really was written to the restarted server
+    during_the_outage(server, paused_at_the_first_retry, lambda: store.write_trial(
+        {"trial_id": "b", "accuracy": 0.75}, epochs=[{"epoch": e, "accuracy": e / 10} for e in (1, 2)]))
     fresh = ResultsStore(server.uri("restart", "store"))
     assert fresh.query("SELECT trial_id, accuracy FROM trials ORDER BY trial_id").values.tolist() == [["a", 0.5], ["b", 0.75]]
     assert fresh.query("SELECT count(*) FROM epochs WHERE trial_id = 'b'").iloc[0, 0] == 2
 
 
-def test_a_trial_ending_during_an_outage_keeps_its_curve(server, tmp_path):
+def test_a_trial_ending_during_an_outage_keeps_its_curve(server, tmp_path, paused_at_the_first_retry):
     """A trial ends while the server is down: the store callback waits for its checkpoint as the
     store's writes wait, and records the whole curve (it was recorded without one: CI, stop 19)."""
     history = [{"epoch": e, "step": 4 * e, "test_accuracy": e / 10, "test_loss": 1.0 / e} for e in (1, 2)]
@@ -65,11 +87,7 @@ def test_a_trial_ending_during_an_outage_keeps_its_curve(server, tmp_path):
                             checkpoint=tune.Checkpoint(remote, filesystem=server.filesystem()))
     callback = StoreCallback(ExperimentPaths.of(server.uri("runs"), "ended"), compact_every=10**6)
     callback.store  # the store's folders exist before the outage
-    server.stop()
-    restart = threading.Timer(3.0, server.start)
-    restart.start()
-    callback.on_trial_complete(0, [], trial)
-    restart.join()
+    during_the_outage(server, paused_at_the_first_retry, lambda: callback.on_trial_complete(0, [], trial))
     store = ResultsStore(ExperimentPaths.of(server.uri("runs"), "ended").store)
     row = store.table("trials").iloc[0]
     assert row.status == "finished" and row.error is None and row.accuracy == 0.2
@@ -90,16 +108,11 @@ def test_a_store_write_fails_in_one_line_and_publishes_nothing(server):
     assert fresh.query("SELECT trial_id FROM trials UNION ALL SELECT trial_id FROM epochs").trial_id.tolist() == ["a"]
 
 
-def dptune(args, ray_dir, log, cwd):
-    env = {**os.environ, "RAY_TMPDIR": ray_dir}
-    return subprocess.Popen([sys.executable, "-m", "dptune", *args], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True, cwd=cwd)
-
-
 def test_server_restarted_mid_sweep_then_resumed(server, tmp_path):
-    """The server is down for 5 s mid-sweep: the driver's store writes wait for it, trials whose
-    checkpoints could not be saved are retried or end errored; `dptune resume` then completes
-    the sweep: every trial once, all finished, no torn row."""
+    """The server goes down mid-sweep, right after the driver recorded its first trial, and comes back
+    once the driver is waiting on it (its first storage retry): the driver's store writes wait for
+    it, trials whose checkpoints could not be saved are retried or end errored; `dptune resume` then
+    completes the sweep: every trial once, all finished, no torn row."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({**SPEC, "experiment": "outage", "axes": {**SPEC["axes"], "epochs": [2]}}))
     storage = server.uri("outage")
@@ -107,20 +120,17 @@ def test_server_restarted_mid_sweep_then_resumed(server, tmp_path):
     ray_dir = tempfile.mkdtemp(prefix="rt")
     log_path = tmp_path / "sweep.log"
     log = open(log_path, "w")
+    folder = tmp_path / "faults"
     try:
-        sweep = dptune(["sweep", str(spec), "--storage", storage, "--quiet"], ray_dir, log, tmp_path)
-        client = server.filesystem()
-        deadline = time.time() + 100
-        while time.time() < deadline and sweep.poll() is None:
-            files = client.get_file_info(pafs.FileSelector(f"{server.bucket}/outage/outage/store/trials",
-                                                           allow_not_found=True))
-            if sum(f.base_name.startswith("trial-") for f in files) >= 1:
-                break
-            time.sleep(0.3)
-        assert sweep.poll() is None, "the sweep ended before the outage: " + log_path.read_text()[-2000:]
+        sweep = dptune(["sweep", str(spec), "--storage", storage, "--quiet"], ray_dir, log, tmp_path,
+                       env=faulted_env("trial_recorded@1=pause,storage_retry@1=pause", folder))
+        alive = lambda: sweep.poll() is None  # noqa: E731
+        await_pause(folder, "trial_recorded@1", alive)
         server.stop()
-        time.sleep(5)
-        server.start()
+        resume_from_pause(folder, "trial_recorded@1")
+        await_pause(folder, "storage_retry@1", alive)   # the driver waits for the server …
+        server.start()                                  # … which comes back
+        resume_from_pause(folder, "storage_retry@1")
         try:
             sweep.wait(timeout=100)
         except subprocess.TimeoutExpired:

@@ -1,30 +1,22 @@
 """The whole experiment on object storage: `dptune sweep --storage s3://…` on a real S3 server
 (SeaweedFS, 127.0.0.1) writes Ray Tune's experiment state and the results store there; the driver
-is SIGKILLed mid-sweep; `dptune resume s3://…` completes it with every trial once; `dptune query`,
+is SIGKILLed mid-sweep (right after it recorded its first trial); `dptune resume s3://…` completes it with every trial once; `dptune query`,
 `heatmap` and `report` read the store from S3. Local caches (σ, datasets) stay local."""
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pyarrow.fs as pafs
 import yaml
 
 from dptune.platform.store import ResultsStore
-from test_driver_failure import SPEC, kill_tree
+from test_driver_failure import SPEC, dptune, kill_tree, killed_at
 
 #: the driver-failure spec made smaller (one ε, two epochs): 2 C × 2 B = 4 trials
 SMALL = {**SPEC, "experiment": "drv", "axes": {**SPEC["axes"], "epsilon": [8], "epochs": [2]}}
 N_TRIALS = 4
-
-
-def dptune(args, ray_dir, log, cwd):
-    env = {**os.environ, "RAY_TMPDIR": ray_dir}
-    return subprocess.Popen([sys.executable, "-m", "dptune", *args], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True, cwd=cwd)
 
 
 def test_sweep_kill_resume_query_on_s3(s3, tmp_path):
@@ -38,19 +30,14 @@ def test_sweep_kill_resume_query_on_s3(s3, tmp_path):
     log_path = tmp_path / "sweep.log"
     log = open(log_path, "w")
     try:
-        sweep = dptune(["sweep", str(spec), "--storage", storage, "--quiet"], ray_dir, log, tmp_path)
-        deadline = time.time() + 100
-        while time.time() < deadline and sweep.poll() is None:
-            files = client.get_file_info(pafs.FileSelector(trials_prefix, allow_not_found=True))
-            if sum(f.base_name.startswith("trial-") for f in files) >= 1:
-                break
-            time.sleep(0.3)
-        assert sweep.poll() is None, "the sweep ended before it could be killed: " + log_path.read_text()[-2000:]
-        os.killpg(sweep.pid, signal.SIGKILL)
-        sweep.wait()
+        sweep = dptune(["sweep", str(spec), "--storage", storage, "--quiet"], ray_dir, log, tmp_path,
+                       env={**os.environ, "DPTUNE_FAULTS": "trial_recorded@1=kill"})
+        killed_at(sweep, log_path)
         kill_tree(ray_dir)
+        files = client.get_file_info(pafs.FileSelector(trials_prefix, allow_not_found=True))
+        assert sum(f.base_name.startswith("trial-") for f in files) == 1   # what the server holds
         before = ResultsStore(store).table("trials").set_index("trial_id")
-        assert 1 <= len(before) < N_TRIALS
+        assert len(before) == 1
 
         resume = dptune(["resume", root], ray_dir, log, tmp_path)
         assert resume.wait(timeout=100) == 0, log_path.read_text()[-3000:]

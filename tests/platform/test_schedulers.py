@@ -174,7 +174,6 @@ def test_resume_after_a_driver_kill_keeps_the_scheduler_state(rigged_ray, tmp_pa
     import signal
     import subprocess
     import tempfile
-    import time
     from pathlib import Path
 
     import psutil
@@ -183,18 +182,14 @@ def test_resume_after_a_driver_kill_keeps_the_scheduler_state(rigged_ray, tmp_pa
     ray_dir = tempfile.mkdtemp(prefix="rs")
     store = tmp_path / "killed" / "store"
     # experiment state saved at every step: with epochs this short and one checkpoint kept per trial,
-    # Ray's default (throttled) state could name a checkpoint already rotated away when the driver dies
-    env = {**os.environ, "RAY_TMPDIR": ray_dir, "RIGGED_EPOCH_SECONDS": "0.5", "TUNE_GLOBAL_CHECKPOINT_S": "0"}
+    # Ray's default (throttled) state could name a checkpoint already rotated away when the driver dies;
+    # the driver kills itself right after it recorded its sixth trial
+    env = {**os.environ, "RAY_TMPDIR": ray_dir, "TUNE_GLOBAL_CHECKPOINT_S": "0",
+           "DPTUNE_FAULTS": "trial_recorded@6=kill"}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(here=here, storage=str(tmp_path))], env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None and \
-                len(list((store / "trials").glob("trial-*.parquet"))) < 6:
-            time.sleep(0.1)
-        assert proc.poll() is None, "the sweep ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        assert proc.wait(timeout=300) == -signal.SIGKILL, "the sweep was not killed at its sixth recorded trial"
     finally:
         for p in psutil.process_iter(["cmdline"]):
             try:
@@ -203,7 +198,7 @@ def test_resume_after_a_driver_kill_keeps_the_scheduler_state(rigged_ray, tmp_pa
             except psutil.Error:
                 pass
     before = ResultsStore(str(store)).table("trials")
-    assert 6 <= len(before) < 2 * len(rigged.ACCURACY)
+    assert len(before) == 6
     resume_sweep(str(tmp_path / "killed"), out=sys.stderr, trainable=rigged.rigged_trainable)
     rows = ResultsStore(str(store)).table("trials")
     assert len(rows) == 2 * len(rigged.ACCURACY) and rows.trial_id.is_unique

@@ -7,9 +7,10 @@ import math
 import pytest
 from ray.tune.search import Searcher
 
+from accounting_checks import assert_calibrated
+
 from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
-from dptune.privacy import calibrate_noise
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 
 N, EPOCHS, SEARCHED_B = 200, 2, (5, 10, 20, 40)   # B = 100 has T = 4 < min_steps 5; 400 > N
@@ -72,7 +73,7 @@ def assert_planned(trial: dict) -> None:
     b = trial["batch_size"]
     q, steps = b / N, math.ceil(EPOCHS * N / b)
     assert (trial["sample_rate"], trial["steps"]) == (q, steps)
-    assert trial["noise_multiplier"] == calibrate_noise(trial["epsilon"], 1e-5, q, steps)
+    assert_calibrated(trial["noise_multiplier"], trial["epsilon"], 1e-5, q, steps)
     assert trial["noise_sqrt_steps"] == pytest.approx(trial["noise_multiplier"] * math.sqrt(steps))
     assert trial["learning_rate"] == pytest.approx(1.0 * math.sqrt(b / 20) * trial["lr_multiplier"])
     assert trial["cell"] == f"toy/mlp/E=2/delta=1e-05/eps={trial['epsilon']:g}"

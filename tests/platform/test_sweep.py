@@ -8,7 +8,7 @@ import ray
 from dptune.platform.launcher import RunSettings
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import run_sweep
-from dptune.privacy import calibrate_noise
+from accounting_checks import assert_calibrated
 from sweep_plans import digits_spec, plan_of
 
 N_DIGITS_TRAIN = 1437
@@ -45,7 +45,7 @@ def test_sweep_writes_one_row_per_trial_with_the_right_figures(local_ray, tmp_pa
         steps = math.ceil(2 * N_DIGITS_TRAIN / row.batch_size)
         assert (row.dataset, row.backbone, row.clip_bound, row.seed) == ("digits", "mlp[hidden=32]", 1.0, 0)
         assert row.sample_rate == pytest.approx(q) and row.steps == steps
-        assert row.noise_multiplier == pytest.approx(calibrate_noise(row.epsilon, 1e-5, q, steps), rel=1e-12)
+        assert_calibrated(row.noise_multiplier, row.epsilon, 1e-5, q, steps)
         assert row.noise_sqrt_steps == pytest.approx(row.noise_multiplier * math.sqrt(steps))
         assert row.epsilon_spent <= row.epsilon and row.accuracy > 0.15
         assert row.learning_rate == pytest.approx(math.sqrt(row.batch_size / 200))

@@ -40,10 +40,12 @@ def test_infeasible_target_is_a_clear_error():
         calibrate_noise(5000.0, 1e-5, 0.5, 3)  # needs σ far below any useful value
 
 
-def test_cached_in_memory_and_on_disk(monkeypatch):
+def test_cached_in_memory_and_on_disk(monkeypatch, tmp_path):
     calls = []
     original = accountant.compose_epsilon
     monkeypatch.setattr(accountant, "compose_epsilon", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setenv("DPTUNE_CACHE_DIR", str(tmp_path))   # an empty disk cache …
+    cache.clear_memory()                                     # … and memory: the first call must compute
     first = calibrate_noise(2.0, 1e-5, 0.05, 60)
     assert calls, "the first calibration must run the accountant"
     calls.clear()

@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 
+from accounting_checks import assert_calibrated
 from dptune.platform.trial_config import train_options
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.privacy.cache import clear_memory
@@ -45,8 +46,8 @@ def test_trial_specs_are_valid_train_configs_with_the_planned_privacy(catalog, t
         assert cfg.optimizer == "adam" and cfg.clip_fn == "auto_s" and cfg.seed in (0, 7)
         privacy = plan_privacy(cfg, N)                     # the trainer's own q, T; σ taken as given
         assert (privacy.sample_rate, privacy.steps) == (meta["sample_rate"], meta["steps"])
-        assert privacy.noise_multiplier == meta["noise_multiplier"] == calibrate_noise(
-            cfg.epsilon, cfg.delta, meta["sample_rate"], meta["steps"])
+        assert privacy.noise_multiplier == meta["noise_multiplier"]
+        assert_calibrated(meta["noise_multiplier"], cfg.epsilon, cfg.delta, meta["sample_rate"], meta["steps"])
         assert meta["noise_sqrt_steps"] == pytest.approx(privacy.noise_sqrt_steps)
         assert cfg.learning_rate == pytest.approx(1.0 * math.sqrt(cfg.batch_size / 20) * meta["lr_multiplier"])
         assert cfg.batch_size in searched and cfg.clip_bound in (0.1, 1.0, 10.0)

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from dptune.privacy import calibrate_noise, epsilon_spent
+from accounting_checks import assert_calibrated
+from dptune.privacy import epsilon_spent
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import Trainer, plan_privacy, train
 
@@ -32,7 +33,7 @@ def test_plan_follows_the_design_formulas():
     cfg = TrainConfig(epsilon=3.0, batch_size=100, epochs=2.5)
     plan = plan_privacy(cfg, 1437)
     assert plan.sample_rate == 100 / 1437 and plan.steps == math.ceil(2.5 * 1437 / 100)
-    assert plan.noise_multiplier == calibrate_noise(3.0, 1e-5, 100 / 1437, plan.steps)
+    assert_calibrated(plan.noise_multiplier, 3.0, 1e-5, 100 / 1437, plan.steps)
     with pytest.raises(ValueError, match="batch_size"):
         plan_privacy(TrainConfig(batch_size=2000), 1437)
 
@@ -107,7 +108,7 @@ def test_training_with_a_validation_split_selects_on_it_and_reports_test_accurac
     assert trainer.n_train == n
     q, steps = 64 / n, math.ceil(n / 64)
     assert (trainer.plan.sample_rate, trainer.plan.steps) == (pytest.approx(q), steps)
-    assert trainer.plan.noise_multiplier == pytest.approx(calibrate_noise(4.0, 1e-5, q, steps))
+    assert_calibrated(trainer.plan.noise_multiplier, 4.0, 1e-5, q, steps)
     metrics = trainer.run_epoch()
     assert metrics["validation_nonprivate"] is True
     assert "accuracy" not in metrics and metrics["validation_accuracy"] == pytest.approx(

@@ -1,0 +1,53 @@
+"""Named points of the sweep driver's cycle where a test can kill or pause it: fault injection with
+explicit synchronisation instead of sleeps and wall-time guesses.
+
+Production code calls :func:`fault_point` at each named point; unless ``DPTUNE_FAULTS`` is set it
+returns at once. ``DPTUNE_FAULTS`` is a comma-separated list of ``<point>@<k>=<action>``: on the
+k-th time this process passes ``<point>``,
+
+- ``kill``: the process SIGKILLs itself there (a driver that dies at exactly that point);
+- ``pause``: it writes ``<point>@<k>.paused`` in ``DPTUNE_FAULT_DIR`` and waits until the test
+  creates ``<point>@<k>.go`` there (e.g. while the test stops a storage server).
+
+The points (where they are called): ``trial_recorded`` (the store callback has written a trial's
+rows), ``storage_retry`` (a store write or checkpoint read failed and is about to be retried).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+ENV, DIR_ENV = "DPTUNE_FAULTS", "DPTUNE_FAULT_DIR"
+ACTIONS = ("kill", "pause")
+_passed: Counter = Counter()
+
+
+def faults() -> dict[tuple[str, int], str]:
+    """The faults ``DPTUNE_FAULTS`` asks for: {(point, k): action}."""
+    out = {}
+    for item in filter(None, (part.strip() for part in os.environ.get(ENV, "").split(","))):
+        where, _, action = item.partition("=")
+        point, _, k = where.partition("@")
+        if action not in ACTIONS or not k.isdigit():
+            raise ValueError(f"{ENV}: each fault is <point>@<k>=<{'|'.join(ACTIONS)}>; got {item!r}")
+        out[(point, int(k))] = action
+    return out
+
+
+def fault_point(point: str) -> None:
+    """Pass the named point: a no-op unless ``DPTUNE_FAULTS`` names it (see the module docstring)."""
+    if ENV not in os.environ:
+        return
+    _passed[point] += 1
+    action = faults().get((point, _passed[point]))
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "pause":
+        folder = Path(os.environ[DIR_ENV])
+        name = f"{point}@{_passed[point]}"
+        (folder / f"{name}.paused").touch()
+        while not (folder / f"{name}.go").exists():
+            time.sleep(0.01)
