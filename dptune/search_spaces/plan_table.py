@@ -108,12 +108,5 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
     approx, upto = ("≈", "≤ ") if space.search.algorithm == "optuna" else ("", "")
     out.append(f"total: {upto}{plan.num_trials} trials, {approx}{_count(steps)} optimizer steps, "
                f"{approx}{_count(examples)} examples (per-sample gradients)." + (" Nothing was launched." if dry_run else ""))
-    if plan.planning_only_datasets:
-        out.append(f"note: {', '.join(plan.planning_only_datasets)} not registered: this spec can be planned, "
-                   "not swept.")
-    elif plan.declared_sizes:
-        out.append(f"note: the sizes of {', '.join(plan.declared_sizes)} were declared in the spec; a sweep reads "
-                   "them from the data and refuses a mismatch.")
-    for c in plan.empty_cells:
-        out.append(f"warning: cell {c.cell.key} keeps no batch size and would run no trials")
+    out += [f"note: a sweep would refuse this: {problem}" for problem in plan.sweep_problems]
     return "\n".join(out)

@@ -296,19 +296,26 @@ class SweepPlan:
         """Datasets whose N came from the spec, not from the data."""
         return {c.cell.dataset.name: c.dataset_size for c in self.cells if c.declared}
 
-    def check_runnable(self) -> None:
-        """Raise ValueError if a sweep of this plan would train on an unregistered dataset, use a
-        declared dataset size instead of the data's, or leave a cell without trials."""
+    @property
+    def sweep_problems(self) -> list[str]:
+        """Why a sweep of this plan would be refused, one line each: it would train on an
+        unregistered dataset, use a declared dataset size instead of the data's, or leave a cell
+        without trials (``dptune plan`` prints them; :meth:`check_runnable` raises them)."""
         problems = []
         if self.planning_only_datasets:
             problems.append(f"dataset(s) {', '.join(self.planning_only_datasets)} are not registered "
                             "(their sizes were declared for planning only)")
         elif self.declared_sizes:
             problems.append(f"dataset size(s) of {', '.join(self.declared_sizes)} were declared, not read from "
-                            "the data (plan with strict=True to check them)")
+                            "the data (a sweep reads N from the data and refuses a mismatch)")
         for c in self.empty_cells:
             problems.append(f"cell {c.cell.key} keeps no batch size (lower pruning.min_steps, add smaller "
                             "batch sizes or more epochs)")
+        return problems
+
+    def check_runnable(self) -> None:
+        """Raise UserError with :attr:`sweep_problems`, if there are any."""
+        problems = self.sweep_problems
         if problems:
             raise UserError("; ".join(problems))
 

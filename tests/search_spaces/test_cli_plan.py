@@ -49,7 +49,7 @@ def test_format_plan_marks_declared_sizes_unsearched_and_empty_cells(catalog, to
     text = format_plan(plan_sweep(spec, catalog, workers=1, strict=False))
     assert "dataset=big (N=30, declared; not registered: planning only)" in text
     assert "kept *" in text and "kept, not searched" in text and "exceeds_dataset" in text
-    assert "note: big not registered: this spec can be planned, not swept." in text
+    assert "note: a sweep would refuse this: dataset(s) big are not registered (their sizes were declared" in text
     assert "→ 9 trials (3 C × 1 B × 3 η × 1 seed)" in text
 
 
