@@ -37,7 +37,7 @@ def gradient(x: torch.Tensor, y: torch.Tensor, *, micro: int | None = None, all_
     engine = DPEngine(model, nn.CrossEntropyLoss(reduction="none"), clip_bound=0.05, noise_multiplier=1.0,
                       expected_batch_size=N, norm_estimator="hutchinson", sketch_k=3, max_physical_batch_size=micro,
                       generator=torch.Generator(device=DEVICE).manual_seed(2),
-                      probe_generator=torch.Generator(device=DEVICE).manual_seed(3), all_reduce=all_reduce)
+                      probes=torch.Generator(device=DEVICE).manual_seed(3), all_reduce=all_reduce)
     engine.private_gradient(x.to(DEVICE), y.to(DEVICE))
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 

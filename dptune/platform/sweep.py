@@ -60,14 +60,14 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
         check(settings)
     if address:
         start_ray(address)
-        plan = plan_sweep(spec, trainables_catalog(), progress=progress, executor=RayTasks())
+        plan = plan_sweep(spec, trainables_catalog(), progress=progress, executor=RayTasks(), draw=True)
     elif start_local_ray:
         with ThreadPoolExecutor(max_workers=1) as planner:
-            planning = planner.submit(plan_sweep, spec, trainables_catalog(), progress=progress)
+            planning = planner.submit(plan_sweep, spec, trainables_catalog(), progress=progress, draw=True)
             start_ray()
             plan = planning.result()
     else:
-        plan = plan_sweep(spec, trainables_catalog(), progress=progress)
+        plan = plan_sweep(spec, trainables_catalog(), progress=progress, draw=True)
     print(format_plan(plan, dry_run=False), file=out)
     for note in plan.notes:
         print(f"note: {note}", file=out)

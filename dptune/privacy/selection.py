@@ -96,17 +96,20 @@ class TrialCount:
         return float(optimize.brentq(lambda g: _tnb_mean(g, self.shape) - self.mean, 1e-15, 1 - 1e-12,
                                      xtol=1e-15, rtol=1e-14))
 
-    def sample(self, rng: np.random.Generator) -> int:
-        """One draw of K (the caller seeds ``rng`` and records the result)."""
+    def sample(self, uniform: float) -> int:
+        """K at ``uniform`` ∈ (0, 1) by the inverse CDF (the smallest k with P(K ≤ k) ≥ uniform): K
+        is as random, and as secret, as the uniform the caller draws (a CSPRNG's, for a release)."""
+        from scipy import stats
+
+        if not 0 < uniform < 1:
+            raise ValueError(f"uniform must be in (0, 1); got {uniform!r}")
         if math.isinf(self.shape):
-            return int(rng.poisson(self.mean))
+            return int(stats.poisson.ppf(uniform, self.mean))
         gamma = self.gamma
         if self.shape == 0:
-            return int(rng.logseries(1 - gamma))
-        while True:   # negative binomial conditioned on K >= 1
-            k = int(rng.negative_binomial(self.shape, gamma))
-            if k >= 1:
-                return k
+            return int(stats.logser.ppf(uniform, 1 - gamma))
+        empty = stats.nbinom.pmf(0, self.shape, gamma)   # conditioned on K >= 1
+        return int(stats.nbinom.ppf(empty + uniform * (1 - empty), self.shape, gamma))
 
     def event(self, trial: Any) -> Any:
         """dp-accounting's repeat-and-select event of ``trial``."""

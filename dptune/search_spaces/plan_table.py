@@ -59,8 +59,10 @@ def _selection_lines(plan: CellPlan) -> list[str]:
     selection = plan.space.selection
     law = selection.trial_count()
     shape = f", η={law.shape:g}" if law.distribution == "truncated_negative_binomial" else ""
-    lines = [f"  private selection: K ~ {law.distribution}(mean {law.mean:g}{shape}) drew K = {len(plan.draws)} "
-             f"(seeded, random draws from the pruned space); score noise {selection.score_noise:g} "
+    drew = (f"drew K = {len(plan.drawn)}" if plan.drawn is not None else
+            "K and its trials are drawn secretly (the OS's CSPRNG) when the sweep starts")
+    lines = [f"  private selection: K ~ {law.distribution}(mean {law.mean:g}{shape}); {drew} "
+             f"(random draws from the pruned space); score noise {selection.score_noise:g} "
              f"(n_val={plan.validation_size:,}, sensitivity 1/n_val); σ above is per trial"]
     figures = [f"B={b}: {p.trial_epsilon:.3g} → {p.total_epsilon:.3g}" for b, p in sorted(plan.privacy.items())
                if b in plan.searched_batch_sizes]

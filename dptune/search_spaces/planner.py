@@ -13,8 +13,10 @@ multiplier, the axis labels and, under private selection, the selection's figure
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import secrets
 import zlib
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -83,28 +85,34 @@ class CellPlan:
     #: private selection: B → the per-trial and total privacy of its σ (``SelectionPrivacy``)
     privacy: Mapping[int, Any] = field(default_factory=dict)
     validation_size: int = 0   # examples the trainer holds out for validation
+    #: private selection: the K draws (C, B, η multiplier, seed), drawn when the sweep starts
+    drawn: tuple | None = None
 
     @property
     def private(self) -> bool:
         """Private selection: K random draws, the best noisy validation score released."""
         return self.space.selection.private
 
-    @cached_property
+    @property
     def draws(self) -> tuple[tuple[float, int, float, int], ...]:
-        """Private selection: the K drawn trials (C, B, η multiplier, training seed), K from the spec's
-        law; all seeded by the cell (``sampler_seed``), independent of the data, with replacement
-        (each trial an independent draw, as "Hyperparameter Tuning with Renyi Differential Privacy"
-        assumes)."""
+        """Private selection: the K drawn trials (C, B, η multiplier, training seed), drawn when the
+        sweep starts (:func:`secret_draws`); refused before (``dptune plan`` shows the law of K)."""
         if not self.private:
             raise ValueError("draws are for selection.mode private")
-        rng = np.random.default_rng(self.sampler_seed())
-        k = self.space.selection.trial_count().sample(rng)
+        if self.drawn is None:
+            raise UserError(f"cell {self.cell.key}: K and its draws are drawn secretly when the sweep starts")
+        return self.drawn
+
+    def secret_draws(self) -> tuple[tuple[float, int, float, int], ...]:
+        """K from the spec's law and K trials drawn uniformly, with replacement, from the pruned
+        (C, B, η) space, each with its own training seed: all from the operating system's CSPRNG
+        (``secrets``), independent of the data and of the spec. Neither K nor the draws can be
+        regenerated from anything public: "Hyperparameter Tuning with Renyi Differential Privacy"
+        assumes both random and unknown."""
         grid = self.grid
-        if not grid:
-            return ()
-        picks = rng.integers(len(grid), size=k)
-        seeds = rng.integers(2**31 - 1, size=k)
-        return tuple((*grid[int(i)], int(seed)) for i, seed in zip(picks, seeds))
+        uniform = (secrets.randbits(53) + 0.5) / 2 ** 53   # in (0, 1)
+        k = self.space.selection.trial_count().sample(uniform) if grid else 0
+        return tuple((*grid[secrets.randbelow(len(grid))], secrets.randbits(31)) for _ in range(k))
 
     def draw_config(self, draw: int) -> dict:
         """The trial config of private draw ``draw`` (0-based): its own training seed, the data split
@@ -112,7 +120,7 @@ class CellPlan:
         and the selection's figures."""
         c, b, m, seed = self.draws[draw]
         privacy = self.privacy[b]
-        return {**self.trial_config(c, b, m, seed), "split_seed": int(self.space.seeds[0]),
+        return {**self.trial_config(c, b, m, seed), "split_seed": int(self.space.seeds[0]), "randomness": "secure",
                 "score_noise": self.space.selection.score_noise, "selection_k": len(self.draws),
                 "selection_draw": int(draw), "trial_epsilon": privacy.trial_epsilon,
                 "total_epsilon": privacy.total_epsilon}
@@ -148,9 +156,10 @@ class CellPlan:
 
     @property
     def num_configurations(self) -> int:
-        """Configurations this cell runs: the whole grid, or the per-cell budget (at most the grid)."""
+        """Configurations this cell runs: the whole grid, or the per-cell budget (at most the grid);
+        under private selection its K draws (before they are drawn: the law's mean, rounded)."""
         if self.private:
-            return len(self.draws)
+            return len(self.drawn) if self.drawn is not None else round(self.space.selection.mean_trials)
         size = len(self.grid)
         budget = self.space.search.budget
         return size if budget is None else min(budget, size)
@@ -159,7 +168,7 @@ class CellPlan:
     def num_trials(self) -> int:
         """Trials of this cell (for Optuna an upper bound: a converged search stops early)."""
         if self.private:
-            return len(self.draws)
+            return self.num_configurations
         return self.num_configurations * len(self.space.seeds)
 
     def values(self, indices: tuple[int, int, int]) -> tuple[float, int, float]:
@@ -232,7 +241,8 @@ class CellPlan:
         """(optimizer steps, examples processed) of this cell's trials; for Optuna, the budget times
         the grid average. Examples = T·B, the expected number of per-sample gradients."""
         algorithm = self.space.search.algorithm
-        configs = self.grid if algorithm == "optuna" else self.configurations()
+        undrawn = self.private and self.drawn is None   # K not drawn yet: its mean over the grid
+        configs = self.grid if algorithm == "optuna" or undrawn else self.configurations()
         if not configs:
             return 0.0, 0.0
         steps_of = {row["batch_size"]: row["steps"] for row in self.rows}
@@ -350,8 +360,9 @@ def _cells(space: SearchSpace) -> list[Cell]:
 
 
 def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, progress: bool = False,
-               strict: bool = True, executor: Executor | None = None) -> SweepPlan:
-    """Calibrate σ for every cell's batch-size candidates and prune them.
+               strict: bool = True, executor: Executor | None = None, draw: bool = False) -> SweepPlan:
+    """Calibrate σ for every cell's batch-size candidates and prune them. ``draw`` (a sweep that
+    starts): private selection's cells draw their K trials, secretly (:meth:`CellPlan.secret_draws`).
 
     ``workers`` processes calibrate what the accountant's cache lacks (default: all CPUs), or
     ``executor`` does (e.g. Ray tasks across a cluster).
@@ -408,6 +419,8 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
         plans.append(CellPlan(c, sizes[c.dataset], c.dataset.name in catalog.datasets,
                               not strict and c.dataset.name in space.dataset_sizes, tuple(rows), space,
                               privacy.get(c, {}), validation[c.dataset]))
+    if draw:
+        plans = [dataclasses.replace(c, drawn=c.secret_draws()) if c.private else c for c in plans]
     plan = SweepPlan(space, tuple(plans), spec.source)
     if strict:
         plan.check_runnable()

@@ -41,7 +41,7 @@ SCHEDULER_GROUPS = ("batch_size", "cell")
 #: Trial options a spec may set; each must also be a field of the trainer's config.
 TRIAL_OPTIONS = ("optimizer", "momentum", "weight_decay", "clip_fn", "norm_estimator", "sketch_k", "denoise",
                  "denoise_kappa", "denoise_norm_correction", "denoise_scope", "diagnostics",
-                 "peft", "max_physical_batch_size", "device", "model_options")
+                 "peft", "max_physical_batch_size", "device", "model_options", "randomness")
 #: Trial options that may be given a list of values, e.g. ``trial: {denoise: [null, rmt]}``: each value
 #: is a search dimension; every cell is split into one sub-cell per combination (its key ends in
 #: ``/denoise=rmt``), each with its own (C, B, η) search, budget and optimum, all counted by the plan.
@@ -589,3 +589,6 @@ def check_private_selection(spec: Spec, catalog: Catalog) -> None:
     if spec["trial"].norm_estimator != "exact":
         raise SpecError(f"trial.norm_estimator: selection.mode private accounts exact clipping only; got "
                         f"{spec['trial'].norm_estimator}")
+    if spec["trial"].fixed.get("randomness", "secure") != "secure":
+        raise SpecError("trial.randomness: selection.mode private always runs secure (its release is a model: its "
+                        "noise, batches, scores and K must be secret); remove it or set secure")

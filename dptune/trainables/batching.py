@@ -22,6 +22,13 @@ def slice_batch(inputs: Inputs, start: int, stop: int) -> Inputs:
     return {k: v[start:stop] for k, v in inputs.items()}
 
 
+def select_rows(inputs: Inputs, index: torch.Tensor) -> Inputs:
+    """The rows ``index`` of every tensor."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs[index]
+    return {k: v[index] for k, v in inputs.items()}
+
+
 def to_device(inputs: Inputs, device: torch.device | str) -> Inputs:
     if isinstance(inputs, torch.Tensor):
         return inputs.to(device)

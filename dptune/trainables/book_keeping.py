@@ -29,7 +29,7 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -126,7 +126,9 @@ class BookKeepingEngine:
         self.checked = False
         self.max_kept_bytes = max_kept_bytes
         self.mode = "book-keeping"
-        self._streaming = False
+        self._streaming: Callable[[_Planned], None] | None = None   # two-pass mode: each layer's reduction
+        self._sums: dict[str, torch.Tensor] = {}
+        self._factors: torch.Tensor | None = None
 
     def start_step(self, seed: int | None) -> None:
         """Draw the randomised estimators' probes of the coming logical batch per layer from
@@ -201,19 +203,32 @@ class BookKeepingEngine:
     def _arrived(self, entry: _Planned, call: Call, grad: torch.Tensor) -> None:
         """Tensor hook: the output gradient G of one call (before any in-place change of the output)."""
         call.grad = grad.detach().unsqueeze(1) if entry.rule is BROADCAST else grad.detach()
-        if self._streaming:
+        if self._streaming is not None:
             entry.arrived += 1
             if entry.arrived == len(entry.calls):
-                self._reduce(entry)
+                self._streaming(entry)
 
     def _reduce(self, entry: _Planned) -> None:
-        """Two-pass mode: one layer's per-sample norms (and, first batch, its Σ_i g_i); drop A and G."""
+        """Two-pass mode, first pass: one layer's per-sample norms (and, first batch, its Σ_i g_i);
+        drop its G (its inputs A stay for the second pass)."""
         calls = [c for c in entry.calls if c.grad is not None]
         if calls:
             grads = entry.rule.per_sample(entry.module, calls, entry.names, self.ctx, len(calls[0].grad))
             entry.sq, entry.form, entry.kept_bytes = grads.sq, grads.form, grads.kept_bytes
             if not self.checked:
                 entry.batch_grads = grads.clipped(torch.ones_like(grads.sq))
+        for call in entry.calls:
+            call.grad = None
+
+    def _reduce_clipped(self, entry: _Planned) -> None:
+        """Two-pass mode, second pass: one layer's Σ_i c_i g_i from its rule and its (A, G), so no
+        example counts for more than its norm says, whatever path the batch took; drop A and G."""
+        calls = [c for c in entry.calls if c.grad is not None]
+        if calls:
+            grads = entry.rule.per_sample(entry.module, calls, entry.names, self.ctx, len(calls[0].grad))
+            for local, g in grads.clipped(self._factors).items():
+                qualified = entry.qualified[entry.names.index(local)]
+                self._sums[qualified] += g.reshape(self._sums[qualified].shape).to(self._sums[qualified].dtype)
         for call in entry.calls:
             call.args, call.grad = (), None
 
@@ -236,7 +251,7 @@ class BookKeepingEngine:
             self.mode = "two backward passes"
             return self._two_passes(losses, factors)
         finally:
-            self._streaming = False
+            self._streaming, self._sums, self._factors = None, {}, None
             for entry in self.planned:  # release the stored activations and gradients
                 entry.calls, entry.edges, entry.sq, entry.batch_grads = [], [], None, {}
 
@@ -279,22 +294,41 @@ class BookKeepingEngine:
         return sums, norms
 
     def _two_passes(self, losses: torch.Tensor, factors: FactorFn) -> tuple[dict, torch.Tensor]:
-        """Norms layer by layer during a first backward (G dropped as it is used), then a second
-        backward of Σ_i c_i ℓ_i for the clipped sum."""
+        """Norms layer by layer during a first backward (each G dropped as it is used), then the
+        clipped sums layer by layer during a second backward to the recorded outputs, from the same
+        rules as the norms (Opacus's ghost clipping takes the clipped sum from autograd instead, which
+        counts a use of a parameter the hooks do not see and so can exceed C for that example).
+        Every step checks that no parameter got gradient from a module whose hooks did not fire."""
         params = list(self.params.values())
-        self._streaming = True
+        self._streaming = self._reduce
         batch = torch.autograd.grad(losses.sum(), params, retain_graph=True, allow_unused=True)
-        self._streaming = False
+        self._streaming = None
         for entry in self.planned:
             if entry.calls and entry.sq is None:
                 self._reduce(entry)  # some of its outputs got no gradient
         if not self.checked:
             self._check_coverage({e.qualified[e.names.index(local)]: g for e in self.planned
                                   for local, g in e.batch_grads.items()}, dict(zip(self.params, batch)))
+        reached = dict(zip(self.params, batch))
+        unseen = [q for e in self.planned if not e.calls for q in e.qualified
+                  if reached.get(q) is not None and bool(reached[q].abs().max() > 0)]
+        if unseen:
+            raise UserError("these parameters get gradient the hooks do not see (used outside their module, e.g. by "
+                            "a functional call on some inputs): " + ", ".join(unseen))
         norms = self._norms([e.sq for e in self.planned if e.sq is not None], losses)
-        c = factors(norms).detach()  # [b]
-        clipped = torch.autograd.grad((c * losses).sum(), params, allow_unused=True)
-        return {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(self.params.items(), clipped)}, norms
+        self._factors = factors(norms).detach()  # [b]
+        self._sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        for entry in self.planned:
+            entry.arrived = 0
+        edges = [edge for entry in self.planned for edge in entry.edges]
+        self._streaming = self._reduce_clipped
+        if edges:
+            torch.autograd.grad(losses.sum(), edges, allow_unused=True, materialize_grads=False)
+        self._streaming = None
+        for entry in self.planned:   # a layer some of whose outputs got no gradient
+            if any(c.grad is not None for c in entry.calls):
+                self._reduce_clipped(entry)
+        return self._sums, norms
 
     def _norms(self, squares: list[torch.Tensor], losses: torch.Tensor) -> torch.Tensor:
         """n_i = √(Σ over layers of the per-sample squared norms) [b]."""
@@ -304,7 +338,10 @@ class BookKeepingEngine:
         return sq.clamp_min(0).sqrt().to(losses.dtype)
 
     def _check_coverage(self, recon: dict[str, torch.Tensor], reference: dict[str, torch.Tensor | None]) -> None:
-        """Each parameter's batch gradient equals Σ_i g_i from its rule (c = 1, ``recon``); else refuse it."""
+        """Each parameter's batch gradient equals Σ_i g_i from its rule (c = 1, ``recon``); else refuse it.
+        A batch whose gradient is not finite (an example's NaN) proves nothing: the next one is checked."""
+        if not all(bool(torch.isfinite(g).all()) for g in (*recon.values(), *reference.values()) if g is not None):
+            return
         missing = [q for q, g in recon.items() if not _close(g, reference.get(q))]
         missing += [q for q, g in reference.items() if q not in recon and g is not None and bool(g.abs().max() > 0)]
         if missing:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
 from ..errors import UserError
-from .registries import CLIP_FNS, DENOISE_SCOPES, DENOISERS, DIAGNOSTICS, NORM_ENGINES, OPTIMIZERS, PEFT_METHODS
+from .registries import (CLIP_FNS, DENOISE_SCOPES, DENOISERS, DIAGNOSTICS, NORM_ENGINES, OPTIMIZERS, PEFT_METHODS,
+                         RANDOMNESS)
 
 
 class OptionError(UserError):
@@ -106,7 +107,13 @@ class TrainConfig:
         "rule": None, "optional": False})
     max_physical_batch_size: int | None = option(None, "split logical batches into micro-batches of this size "
                                                        "(memory only; same result)", rule=whole(1))
-    seed: int = option(0, "seed of the data split, the model, the batches and the noise", rule=whole(0))
+    seed: int = option(0, "seed of the data split and the model; of the batches and the noise too with "
+                          "--randomness reproducible", rule=whole(0))
+    randomness: str = option("reproducible", "where the batches, the noise and the probes come from: reproducible "
+                                             "(derived from --seed: for research, NOT for release, as anyone with "
+                                             "the seed can regenerate the noise) or secure (a fresh secret from the "
+                                             "OS keys a CSPRNG for every run: the model may be released)",
+                             choices=RANDOMNESS)
     device: str = option("auto", "auto, cpu, cuda or cuda:N",
                          rule=Rule(lambda v: isinstance(v, str) and bool(v), "a device name (auto, cpu, cuda, cuda:N)"))
     noise_multiplier: float | None = option(None, "σ precomputed by a planner [calibrated here from ε, δ, q, T]",

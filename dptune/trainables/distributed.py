@@ -25,6 +25,7 @@ the platform's job (Ray Train, ``dptune.platform.multi_worker``).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 from torch import nn
@@ -52,6 +53,11 @@ class Workers:
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """The 1-D tensors of all workers, concatenated in rank order (CPU)."""
         return tensor
+
+    def shared(self, make: Callable[[], bytes]) -> bytes:
+        """``make()`` on rank 0, the same value on every worker (a secure run's secret: it travels
+        to the trial's own workers only, in memory)."""
+        return make()
 
 
 class ProcessGroupWorkers(Workers):
@@ -83,6 +89,11 @@ class ProcessGroupWorkers(Workers):
             offset += t.numel()
         self.comm_time_s += time.perf_counter() - start
         return out
+
+    def shared(self, make: Callable[[], bytes]) -> bytes:
+        box = [make() if self.rank == 0 else None]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()

@@ -32,10 +32,11 @@ from torch import nn
 
 from ..errors import UserError
 from ..privacy.validation import check_estimator
-from .batching import Inputs, batch_len, micro_batches
+from .batching import Inputs, batch_len, micro_batches, select_rows
 from .config import check_option
 from .noise import GaussianNoise
 from .per_sample import LossFn, check_model, trainable_parameters
+from .randomness import Stream
 from .registries import CLIP_FNS, DENOISERS, DIAGNOSTICS, NORM_ENGINES
 
 Sums = dict[str, torch.Tensor]
@@ -68,10 +69,11 @@ class DPEngine:
     to :meth:`private_gradient` are Poisson-sampled with rate q = B/N (see ``PoissonSampler``) and
     σ comes from ``dptune.privacy.calibrate_noise`` for the same q, steps and norm estimator.
 
-    Parts: ``norm_estimator`` (a name with ``sketch_k`` probes for the randomised ones, drawn from
-    ``probe_generator``, seeded once per logical batch and layer so that neither the micro-batch size
-    nor the number of workers changes them; or a per-sample engine object), ``clip_fn``, the noise
-    (``noise``; by default Gaussian from ``generator``), ``denoise`` (a name or a post-processor),
+    Parts: ``norm_estimator`` (a name with ``sketch_k`` probes for the randomised ones, seeded once
+    per logical batch and layer from ``probes`` (a run's probe stream, or a torch generator), so that
+    neither the micro-batch size nor the number of workers changes them; or a per-sample engine
+    object), ``clip_fn``, the noise (``noise``; by default Gaussian from ``generator``: a run's noise
+    stream, a torch generator or None), ``denoise`` (a name or a post-processor),
     ``diagnostics`` (names or objects, NOT private), ``all_reduce`` (W data-parallel workers,
     :mod:`.distributed`: sums the workers' clipped sums before the noise, which every worker then
     draws identically: noise added once). ``max_physical_batch_size`` bounds the micro-batches.
@@ -82,7 +84,7 @@ class DPEngine:
                  denoise: str | object | None = None, clip_fn: str = "flat",
                  max_physical_batch_size: int | None = None, generator: torch.Generator | None = None,
                  noise: Callable[[Sums], Sums] | None = None, diagnostics: Sequence[str | object] = (),
-                 probe_generator: torch.Generator | None = None,
+                 probes: Stream | torch.Generator | None = None,
                  all_reduce: Callable[[Sums], Sums] | None = None) -> None:
         for name, value in (("clip_bound", clip_bound), ("noise_multiplier", noise_multiplier),
                             ("clip_fn", clip_fn), ("max_physical_batch_size", max_physical_batch_size)):
@@ -101,7 +103,7 @@ class DPEngine:
             check_estimator(norm_estimator, sketch_k)   # the accountant's rule: it exists; k when randomised
             norm_estimator = NORM_ENGINES.get(norm_estimator)(model, loss_fn, sketch_k=sketch_k)
         self.norms = norm_estimator
-        self.probe_generator = probe_generator
+        self.probes = probes
         self.noise = noise or GaussianNoise(self.noise_multiplier * self.clip_bound, generator)
         self.all_reduce = all_reduce
         self.denoiser = DENOISERS.get(denoise)() if isinstance(denoise, str) else denoise
@@ -124,9 +126,10 @@ class DPEngine:
         """Set ``.grad`` of every trainable parameter to ĝ for this logical batch.
 
         The parts in order: clipped sum → all-reduce → noise → normalise → post-processors.
-        Returns ``norms`` (per-sample norms used for clipping), ``clipped_fraction`` and
-        ``batch_size`` (realised) — non-private diagnostics — and each post-processor's and
-        diagnostic's statistics under its ``key``.
+        Returns ``norms`` (per-sample norms used for clipping; NaN or inf for an example that
+        contributed nothing), ``clipped_fraction``, ``batch_size`` (realised) and ``nonfinite``
+        (examples whose norm was not finite) — non-private diagnostics — and each post-processor's
+        and diagnostic's statistics under its ``key``.
         """
         sums, norms = self.clipped_sum(inputs, targets)
         if self.all_reduce is not None:  # W workers: Σ over their clipped sums, before the one noise draw
@@ -137,8 +140,9 @@ class DPEngine:
             step.gradient, step.post[self.denoiser.key] = self.denoiser(private, self.noise_std, self.denoised)
         for name, p in self.params.items():
             p.grad = step.gradient[name].to(p.dtype)
-        stats = {"norms": norms, "batch_size": int(norms.numel()),
-                 "clipped_fraction": float((norms > self.clip_bound).float().mean()) if norms.numel() else 0.0,
+        finite = norms[torch.isfinite(norms)]
+        stats = {"norms": norms, "batch_size": int(norms.numel()), "nonfinite": int(norms.numel() - finite.numel()),
+                 "clipped_fraction": float((finite > self.clip_bound).float().mean()) if finite.numel() else 0.0,
                  **step.post}
         for diagnostic in self.diagnostics:   # NOT private: they may read the clipped sum before noise
             stats[diagnostic.key] = diagnostic.observe(step)
@@ -146,20 +150,36 @@ class DPEngine:
 
     def clipped_sum(self, inputs: Inputs, targets: torch.Tensor) -> tuple[Sums, torch.Tensor]:
         """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) over the logical batch, one
-        physical micro-batch at a time (the result does not depend on the split)."""
-        sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        physical micro-batch at a time (the result does not depend on the split).
+
+        An example whose norm is not finite (a NaN or an overflow in its gradient) contributes
+        nothing: its micro-batch is computed again without it, so it enters no product (0·NaN is
+        NaN), and whether a step succeeds never depends on one example. Its norm is returned as is,
+        so the caller can count it."""
+        # in at least float32, whatever the parameters' dtype (noise is added to them: noise.py)
+        sums = {n: torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32))
+                for n, p in self.params.items()}
         all_norms = []
-        if self.probe_generator is not None and hasattr(self.norms, "start_step"):  # probes per (step, layer)
-            self.norms.start_step(int(torch.randint(1 << 62, (1,), generator=self.probe_generator,
-                                                    device=self.probe_generator.device)))
+        if self.probes is not None and hasattr(self.norms, "start_step"):  # probes per (step, layer)
+            self.norms.start_step(self.probes.seed() if isinstance(self.probes, Stream) else
+                                  int(torch.randint(1 << 62, (1,), generator=self.probes, device=self.probes.device)))
         if batch_len(inputs) > 0:
             for x, y in micro_batches(inputs, targets, self.max_physical_batch_size):
-                part, norms = self.norms.clipped_sum(x, y, lambda n: self.clip(n, self.clip_bound))
+                part, norms = self.norms.clipped_sum(x, y, self._factors)
+                finite = torch.isfinite(norms)
+                if not bool(finite.all()):
+                    keep = finite.nonzero(as_tuple=True)[0]
+                    part = self.norms.clipped_sum(select_rows(x, keep), y[keep], self._factors)[0] if len(keep) \
+                        else {}
                 for name, s in part.items():
                     sums[name] += s
                 all_norms.append(norms.detach())
         norms = torch.cat(all_norms) if all_norms else torch.zeros(0, device=targets.device)
         return sums, norms
+
+    def _factors(self, norms: torch.Tensor) -> torch.Tensor:
+        """c_i = clip_fn(n_i, C)."""
+        return self.clip(norms, self.clip_bound)
 
     @property
     def scale(self) -> float:

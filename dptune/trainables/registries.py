@@ -54,6 +54,9 @@ DENOISE_SCOPES.register_lazy("lora", f"{_T}denoise:lora_factors")
 DIAGNOSTICS: Registry = Registry("diagnostics")
 DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}denoise:CosineDiagnostic")
 
+#: Where a run's random numbers come from (``randomness``; ``randomness.py``): the first is the default.
+RANDOMNESS = ("reproducible", "secure")
+
 #: What ``peft`` may train (``finetuning.apply_peft`` implements each).
 PEFT_METHODS = ("film", "lora", "head", "full")
 

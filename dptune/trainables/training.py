@@ -33,6 +33,7 @@ from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
 from .optimizers import make_optimizer
 from .registries import DENOISERS, DIAGNOSTICS
+from .randomness import STREAMS, new_secret, stream
 from .sampling import PoissonSampler
 
 
@@ -147,7 +148,12 @@ class Trainer:
         self.cfg = cfg.validate()
         self.workers = workers or Workers()  # W data-parallel workers (distributed.py); one by default
         self.device = resolve_device(cfg.device)
-        torch.manual_seed(cfg.seed)
+        # every random stream of the run (randomness.py): seeded and reproducible, or secret (one
+        # secret per run, shared by its workers only)
+        secret = self.workers.shared(new_secret) if cfg.randomness == "secure" else None
+        self.streams = {name: stream(cfg.randomness, name, seed=cfg.seed, secret=secret, device=self.device)
+                        for name in STREAMS}
+        torch.manual_seed(self.streams["init"].seed())   # model initialisation and dropout
         model_options = {**_given(peft=cfg.peft, weights=cfg.weights), **cfg.model_options}
         self.data = data or load_training_data(cfg, model_options)
         if cfg.validation_fraction > 0:
@@ -161,10 +167,7 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, momentum=cfg.momentum,
                                         weight_decay=cfg.weight_decay)
-        self.sampler = PoissonSampler(self.n_train, self.plan.sample_rate, seed=cfg.seed)
-        self.noise_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
-        # Randomised estimators' probes, per (step, layer): the same for any micro-batching or W.
-        self.probe_generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 2)
+        self.sampler = PoissonSampler(self.n_train, self.plan.sample_rate, stream=self.streams["sampler"])
         self.engine = None
         if cfg.private:
             # each part of the engine builds itself from the options it owns (DENOISERS, DIAGNOSTICS)
@@ -172,7 +175,7 @@ class Trainer:
                                    noise_multiplier=self.plan.noise_multiplier, expected_batch_size=cfg.batch_size,
                                    norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k, clip_fn=cfg.clip_fn,
                                    max_physical_batch_size=cfg.max_physical_batch_size,
-                                   generator=self.noise_generator, probe_generator=self.probe_generator,
+                                   generator=self.streams["noise"], probes=self.streams["probes"],
                                    denoise=None if cfg.denoise is None else DENOISERS.get(cfg.denoise).from_config(cfg),
                                    diagnostics=[DIAGNOSTICS.get(d).from_config(cfg) for d in cfg.diagnostics],
                                    all_reduce=self.workers.sum if self.workers.size > 1 else None)
@@ -248,8 +251,11 @@ class Trainer:
             all_norms = torch.cat(norms) if norms else torch.zeros(0)
             all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
             all_norms, all_labels = self.workers.gather(all_norms), self.workers.gather(all_labels)  # all shards
+            finite = torch.isfinite(all_norms)   # an example with a NaN or inf norm contributed nothing: counted
+            metrics["nonfinite_examples"] = int((~finite).sum())
+            all_norms, all_labels = all_norms[finite], all_labels[finite]
             metrics["clipped_fraction"] = float((all_norms > self.cfg.clip_bound).float().mean()) if len(all_norms) else 0.0
-            # Non-private diagnostic: computed from the private training examples.
+            # Non-private diagnostics: computed from the private training examples.
             metrics["nonprivate_gradnorms"] = class_norm_statistics(all_norms, all_labels, self.cfg.clip_bound,
                                                                     histogram=True)
             for part in self.engine.parts:   # a denoiser's statistics; diagnostics (NOT private)
@@ -283,12 +289,11 @@ class Trainer:
     def noisy_score(self) -> dict:
         """Private selection ("Hyperparameter Tuning with Renyi Differential Privacy", Papernot &
         Steinke, ICLR 2022): the validation accuracy plus N(0, score_noise²) noise (sensitivity 1/n_val,
-        accounted by the planner), drawn from the run's seed. The run's only look at the validation
-        data; the test data is not touched."""
+        accounted by the planner), drawn from the run's ``score`` stream. The run's only look at the
+        validation data; the test data is not touched."""
         accuracy = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)["accuracy"]
-        generator = torch.Generator().manual_seed(self.cfg.seed + 3)
-        score = accuracy + self.cfg.score_noise * float(torch.randn((), generator=generator, dtype=torch.float64))
-        return {"selection_score": score}
+        noise = self.streams["score"].normal((), dtype=torch.float64, device=torch.device("cpu"))
+        return {"selection_score": accuracy + self.cfg.score_noise * float(noise)}
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The trainable parameters and the buffers: frozen weights are rebuilt from the config."""
@@ -296,12 +301,12 @@ class Trainer:
                 **dict(self.model.named_buffers())}
 
     def state_dict(self) -> dict:
-        """Everything a resumed run needs: trainable weights, optimizer, RNG states, counters."""
+        """Everything a resumed run needs: trainable weights, optimizer, the streams' states (none of
+        a secure run's: its secret is never written), counters."""
         return {"model": self.trainable_state(), "optimizer": self.optimizer.state_dict(),
-                "sampler": self.sampler.state_dict(), "noise_generator": self.noise_generator.get_state(),
-                "probe_generator": self.probe_generator.get_state(), "workers": self.workers.size,
-                "torch_rng": torch.get_rng_state(), "step": self.step, "epoch": self.epoch,
-                "train_time_s": self.train_time_s, "config": self.cfg.to_dict()}
+                "streams": {name: s.state() for name, s in self.streams.items()}, "randomness": self.cfg.randomness,
+                "workers": self.workers.size, "torch_rng": torch.get_rng_state(), "step": self.step,
+                "epoch": self.epoch, "train_time_s": self.train_time_s, "config": self.cfg.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         check_workers(state, self.workers.size)
@@ -310,10 +315,8 @@ class Trainer:
             raise UserError(f"checkpoint lacks trainable tensors: {', '.join(sorted(missing))}")
         self.model.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.noise_generator.set_state(state["noise_generator"])
-        if "probe_generator" in state:
-            self.probe_generator.set_state(state["probe_generator"])
+        for name, saved in state["streams"].items():   # a secure run continues with fresh secret streams
+            self.streams[name].load(saved)
         torch.set_rng_state(state["torch_rng"])
         self.step, self.epoch, self.train_time_s = state["step"], state["epoch"], state["train_time_s"]
 

@@ -1,11 +1,12 @@
 """selection.mode private in the spec and the plan (issue 13): one-line errors naming the field, K
-drawn seeded per cell, random draws from the pruned space, and σ per B whose repeat-and-select
-total meets the cell's ε (recomputed here with the accountant)."""
+and the draws drawn secretly when the sweep starts (issue 22) from the pruned space, and σ per B
+whose repeat-and-select total meets the cell's ε (recomputed here with the accountant)."""
 import math
 import re
 
 import pytest
 
+from dptune.errors import UserError
 from dptune.privacy.selection import TrialCount, score_noise_multiplier, selection_privacy
 from dptune.search_spaces import SpecError, format_plan, load_spec, plan_sweep
 
@@ -46,13 +47,16 @@ def test_random_search_still_needs_a_budget_outside_private_selection(catalog, t
         load_spec(toy_spec(search={"algorithm": "random"}), catalog)
 
 
-def test_the_plan_draws_k_seeded_trials_whose_total_meets_the_cell_budget(catalog, toy_spec):
+def test_the_sweep_draws_k_secret_trials_whose_total_meets_the_cell_budget(catalog, toy_spec):
     spec = load_spec(_private(toy_spec), catalog)
-    plan = plan_sweep(spec, catalog, workers=1)
-    again = plan_sweep(load_spec(_private(toy_spec), catalog), catalog, workers=1)
-    (cell,), (same,) = plan.cells, again.cells
+    dry = plan_sweep(spec, catalog, workers=1)                      # `dptune plan`: nothing drawn yet
+    with pytest.raises(UserError, match="drawn secretly when the sweep starts"):
+        dry.cells[0].draws
+    assert "K and its trials are drawn secretly" in format_plan(dry) and dry.num_trials == 4   # the mean
+    plan = plan_sweep(spec, catalog, workers=1, draw=True)
+    (cell,) = plan.cells
     assert cell.validation_size == math.ceil(0.1 * 200) and cell.dataset_size == 200 - 20
-    assert cell.draws == same.draws and len(cell.draws) >= 1        # seeded: the same K and draws
+    assert len(cell.draws) >= 1
     trials = cell.trials()
     assert plan.num_trials == cell.num_trials == len(trials) == len(cell.draws)
     grid = set(cell.grid)
@@ -72,10 +76,10 @@ def test_the_plan_draws_k_seeded_trials_whose_total_meets_the_cell_budget(catalo
         assert privacy.trial_epsilon < privacy.total_epsilon
     text = format_plan(plan)
     assert f"drew K = {len(cell.draws)}" in text and "per-trial ε (training + noisy score) → total ε" in text
-    # another search seed draws another selection
-    other = plan_sweep(load_spec(_private(toy_spec, search={"algorithm": "random", "seed": 4}), catalog), catalog,
-                       workers=1)
-    assert other.cells[0].draws != cell.draws
+    assert all(t["randomness"] == "secure" for t in trials)       # private selection always runs secure
+    # the same spec draws another selection: nothing of it comes from the spec (its seeds included)
+    draws = {plan_sweep(spec, catalog, workers=1, draw=True).cells[0].draws for _ in range(5)}
+    assert len(draws | {cell.draws}) > 1
 
 
 def test_k_over_many_cells_spreads_like_its_law(catalog, toy_spec):
@@ -84,5 +88,41 @@ def test_k_over_many_cells_spreads_like_its_law(catalog, toy_spec):
                                                    "mean_trials": 3},
                               axes={"epsilon": [4, 5, 6, 7], "delta": 1e-5, "backbone": ["mlp", "cnn"],
                                     "dataset": ["toy"], "epochs": [2]}, batch_size=[20]), catalog)
-    ks = [len(c.draws) for c in plan_sweep(spec, catalog, workers=1).cells]
+    ks = [len(c.draws) for c in plan_sweep(spec, catalog, workers=1, draw=True).cells]
     assert len(set(ks)) > 1
+
+
+@pytest.mark.parametrize("law", [TrialCount.of("truncated_negative_binomial", 4, 1),
+                                 TrialCount.of("truncated_negative_binomial", 6, 2.5),
+                                 TrialCount.of("truncated_negative_binomial", 5, 0), TrialCount.of("poisson", 3),
+                                 TrialCount.of("geometric", 7)])
+def test_k_is_the_inverse_cdf_of_its_law_at_the_uniform(law):
+    """K(u) is the smallest k with P(K ≤ k) ≥ u, the CDF summed here from the law's pmf written out
+    (truncated negative binomial ∝ C(k+η−1, k)(1−γ)^k for k ≥ 1; logarithmic ∝ (1−γ)^k/k; Poisson)."""
+    if math.isinf(law.shape):
+        def pmf(k):
+            return math.exp(-law.mean + k * math.log(law.mean) - math.lgamma(k + 1))
+        first = 0
+    else:
+        g = law.gamma
+
+        def weight(k):
+            if law.shape == 0:
+                return (1 - g) ** k / k
+            return math.exp(math.lgamma(k + law.shape) - math.lgamma(k + 1) - math.lgamma(law.shape)) * (1 - g) ** k
+        total = sum(weight(k) for k in range(1, 4000))
+
+        def pmf(k):
+            return weight(k) / total
+        first = 1
+    cdf, acc = {}, 0.0
+    for k in range(first, 200):
+        acc += pmf(k)
+        cdf[k] = acc
+    mean = sum(k * pmf(k) for k in range(first, 400))
+    assert mean == pytest.approx(law.mean, rel=1e-6)
+    for u in (1e-9, 0.01, 0.2, 0.5, 0.77, 0.95, 0.999):
+        k = law.sample(u)
+        assert cdf[k] >= u - 1e-12 and (k == first or cdf[k - 1] < u + 1e-12), (u, k)
+    with pytest.raises(ValueError):
+        law.sample(1.0)

@@ -312,3 +312,46 @@ def test_train_explain_engine_prints_every_layer_with_its_form():
     assert [line.split()[0] for line in table] == ["0.0", "0.3", "1", "3"]  # the cnn's four layers
     assert all(line.rstrip().endswith("MiB") for line in table)
     assert "materialised (grouped conv)" in table[0] and "ghost (T = 1)" in table[2]
+
+
+class SometimesOutside(nn.Module):
+    """``fc.weight`` also used outside ``fc`` (a functional call), but only on inputs whose first
+    feature is large: the first batch does not take the branch, so its coverage check passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        h = self.fc(x)
+        branch = (x[:, :1] > 2.0).to(x.dtype)          # [b, 1]: per example, no mixing
+        h = h + branch * torch.tanh(x @ self.fc.weight.T)
+        return self.head(torch.tanh(h))
+
+
+@pytest.mark.parametrize("budget", [None, 0])
+def test_no_example_counts_for_more_than_its_norm_whatever_branch_it_takes(budget):
+    """Issue 22: the two-pass fallback (budget 0) took its clipped sum from autograd, which counts a
+    use of a parameter the hooks do not see: an example taking the branch then moved ĝ by more than
+    C. Now every form builds Σ c_i g_i from the rules that measured n_i: removing one example
+    changes the sum by c_i·(what its norm measured) ≤ C."""
+    torch.manual_seed(0)
+    model = SometimesOutside().double()
+    engine = BookKeepingEngine(model, LOSS, max_kept_bytes=budget)
+    C = 0.01
+    first = torch.randn(6, 4, dtype=torch.float64).clamp(max=1.0)        # no branch: coverage passes
+    engine.clipped_sum(first, torch.tensor([0, 1, 0, 1, 0, 1]), lambda n: flat_clip(n, C))
+    x = torch.randn(5, 4, dtype=torch.float64).clamp(max=1.0)
+    x[2, 0] = 5.0                                                        # this one takes the branch
+    y = torch.tensor([0, 1, 1, 0, 1])
+
+    def flat(sums):
+        return torch.cat([s.flatten() for s in sums.values()])
+
+    full, norms = engine.clipped_sum(x, y, lambda n: flat_clip(n, C))
+    without, _ = engine.clipped_sum(x[[0, 1, 3, 4]], y[[0, 1, 3, 4]], lambda n: flat_clip(n, C))
+    contribution = float((flat(full) - flat(without)).norm())
+    assert contribution <= C * (1 + 1e-9)
+    assert norms[2] > C   # it was clipped: its contribution is exactly C by what its norm measured
+    assert contribution == pytest.approx(C, rel=1e-9)

@@ -35,7 +35,7 @@ def _hutchinson_gradient(micro: int | None, probes: bool) -> torch.Tensor:
     engine = DPEngine(model, nn.CrossEntropyLoss(reduction="none"), clip_bound=0.1, noise_multiplier=0.0,
                       expected_batch_size=10, norm_estimator="hutchinson", sketch_k=2, max_physical_batch_size=micro,
                       generator=torch.Generator().manual_seed(2),
-                      probe_generator=torch.Generator().manual_seed(3) if probes else None)
+                      probes=torch.Generator().manual_seed(3) if probes else None)
     engine.private_gradient(x, y)
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 

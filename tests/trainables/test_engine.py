@@ -175,3 +175,32 @@ def test_bad_settings_name_the_field(kwargs, field):
     args = dict(clip_bound=1.0, noise_multiplier=1.0, expected_batch_size=8) | kwargs
     with pytest.raises(ValueError, match=field):
         DPEngine(small("mlp"), CE, **args)
+
+
+@pytest.mark.parametrize("micro", [None, 2])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_an_example_whose_norm_is_not_finite_contributes_nothing(micro, bad):
+    """Issue 22: a NaN or inf planted in one example: ĝ is finite, that example adds nothing, it is
+    counted, and the others are clipped exactly as a per-example loop over them clips them."""
+    from per_example_reference import clipped_sum_loop
+
+    model = small("mlp")
+    x, y = torch.randn(6, 1, 8, 8, dtype=torch.float64), torch.randint(0, 5, (6,))
+    x[3, 0, 2, 2] = bad
+    C, B = 0.05, 8.0
+    engine = DPEngine(model, CE, clip_bound=C, noise_multiplier=0.0, expected_batch_size=B,
+                      max_physical_batch_size=micro)
+    stats = engine.private_gradient(x, y)
+    keep = [0, 1, 2, 4, 5]
+    expected, norms = clipped_sum_loop(small("mlp"), x[keep], y[keep], C)
+    assert stats["nonfinite"] == 1 and not torch.isfinite(stats["norms"][3])
+    torch.testing.assert_close(stats["norms"][keep], norms, rtol=1e-10, atol=0)
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p.grad).all()
+        torch.testing.assert_close(p.grad, expected[name] / (B * C), rtol=1e-10, atol=1e-14)
+    noisy_model = small("mlp")
+    noisy = DPEngine(noisy_model, CE, clip_bound=C, noise_multiplier=1.0, expected_batch_size=B,
+                     generator=torch.Generator().manual_seed(0))
+    noisy.private_gradient(x[3:4], y[3:4])   # a batch of that example alone: the noise is still added
+    grads = torch.cat([p.grad.flatten() for p in noisy_model.parameters()])
+    assert torch.isfinite(grads).all() and grads.std() == pytest.approx(1.0 / B, rel=0.1)

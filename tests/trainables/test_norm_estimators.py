@@ -209,7 +209,7 @@ def test_one_example_contributes_at_most_z_times_c_over_b_c():
 
     def private(keep):
         engine = DPEngine(model, LOSS, clip_bound=C, noise_multiplier=0.0, expected_batch_size=B,
-                          norm_estimator="hutchinson", sketch_k=3, probe_generator=torch.Generator().manual_seed(9))
+                          norm_estimator="hutchinson", sketch_k=3, probes=torch.Generator().manual_seed(9))
         stats = engine.private_gradient(x[keep], y[keep])
         return torch.cat([p.grad.flatten() for p in model.parameters()]), stats["norms"]
 

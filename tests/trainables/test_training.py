@@ -145,3 +145,27 @@ def test_validation_split_of_a_tokenised_set_reads_labels_without_inputs():
     assert torch.equal(labels_of(split.validation), torch.stack([split.validation[i][1]
                                                                 for i in range(len(split.validation))]))
     assert set(split.train.indices).isdisjoint(split.validation.indices)
+
+
+def test_a_training_example_with_a_nan_is_counted_not_fatal():
+    """Issue 22: one NaN pixel in one training example: the run trains to its end with finite
+    weights, and each epoch reports how many times that example was drawn (and contributed nothing)."""
+    from dataclasses import replace
+
+    from torch.utils.data import TensorDataset
+
+    from dptune.trainables.data import load_dataset
+
+    data = load_dataset("digits", seed=0)
+    x, y = (t.clone() for t in data.train.tensors)
+    x[7, 0, 3, 3] = float("nan")
+    poisoned = replace(data, train=TensorDataset(x, y))
+    cfg = TrainConfig(dataset="digits", model="mlp", epsilon=4.0, epochs=4, batch_size=512, learning_rate=1.0,
+                      model_options={"hidden": 16}, device="cpu")
+    trainer = Trainer(cfg, poisoned)
+    history = trainer.fit()
+    drawn = sum(h["nonfinite_examples"] for h in history)
+    # example 7 joins each of the T steps with probability q: its count is Binomial(T, q) (here T·q ≈ 4)
+    assert 1 <= drawn <= trainer.plan.steps
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert math.isfinite(history[-1]["test_loss"]) and history[-1]["test_accuracy"] > 0.2
