@@ -52,11 +52,12 @@ TRAIN_FLAGS = {
     "--denoise-kappa": 1.02, "--denoise-norm-correction": True, "--denoise-scope": "all", "--diagnostics": [],
     "--max-physical-batch-size": None, "--seed": 0, "--device": "auto", "--noise-multiplier": None,
     "--model-options": {}, "--peft": None, "--weights": None, "--data-dir": None, "--max-length": None,
-    "--validation-fraction": 0.0, "--split-seed": None, "--score-noise": None}
+    "--validation-fraction": 0.0, "--split-seed": None, "--score-noise": None,
+    "--randomness": "reproducible"}
 CHOICES = {"--optimizer": ["sgd", "adam", "adamw"], "--clip-fn": ["flat", "auto_s"],
            "--norm-estimator": ["exact", "hutchinson", "hutchpp"], "--denoise": ["rmt"],
            "--denoise-scope": ["all", "lora"], "--diagnostics": ["denoise_cosine"],
-           "--peft": ["film", "lora", "head", "full"]}
+           "--peft": ["film", "lora", "head", "full"], "--randomness": ["reproducible", "secure"]}
 
 
 def test_every_train_option_has_its_flag_default_and_choices():
@@ -87,7 +88,7 @@ def test_train_prints_epochs_and_writes_json(tmp_path):
     target = tmp_path / "run.json"
     code = main(["train", "--epochs", "2", "--epsilon", "2", "--quiet", "--json", str(target)], out=buf)
     text = buf.getvalue()
-    assert code == 0 and "epoch   2/2" in text and "σ=" in text
+    assert code == 0 and "epoch   2/2" in text and "σ=" in text and "NOT for release" in text
     record = json.loads(target.read_text())
     assert len(record["history"]) == 2 and record["history"][-1]["epsilon_spent"] <= 2.0
 

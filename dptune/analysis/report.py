@@ -47,6 +47,7 @@ class Analysis:
     min_steps: int = MIN_STEPS            # the pruning rules the noise curves are drawn with
     plateau_tol: float = PLATEAU_TOL
     rules: str = "the pruning rules' defaults (no saved plan)"   # where they come from
+    audits: list[dict] = field(default_factory=list)   # `dptune audit` results kept for its trials
 
 
 #: How the note on a missing fixed-setting chart begins (it says why there is none).
@@ -77,7 +78,9 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
         if fixed:
             raise
         result.notes.append(f"{FIXED_NOTE}: {exc}")
-    plan = ExperimentPaths.find(store.root).saved_plan() or {}
+    paths = ExperimentPaths.find(store.root)
+    plan = paths.saved_plan() or {}
+    result.audits = paths.saved_audits()
     pruning = plan.get("pruning", {})
     if pruning:
         result.rules = "the sweep's own pruning rules (from its saved plan)"
@@ -255,7 +258,11 @@ def _summary_section(a: Analysis) -> str:
         s[col] = s[col].map(_acc)
     if "train time (s)" in s:
         s["train time (s)"] = s["train time (s)"].map(lambda v: f"{v:.1f}")
-    return "<h2 id='summary'>Sweep summary</h2>" + _table(s, wrap=("C", "B", "η"))
+    note = ("<p class='note'>Trials run with reproducible randomness drew their batches and noise from "
+            "the spec's seeds: anyone holding the spec can regenerate the noise, so their models are NOT "
+            "for release (rerun the chosen setting with <code>trial: {randomness: secure}</code>).</p>"
+            if s["randomness"].str.contains("NOT for release").any() else "")
+    return "<h2 id='summary'>Sweep summary</h2>" + _table(s, wrap=("C", "B", "η")) + note
 
 
 def _private_selection_section(a: Analysis) -> str:
@@ -284,6 +291,23 @@ def _private_selection_section(a: Analysis) -> str:
             "(tuning included, from dp-accounting's RDP accountant) and is the only one evaluated on the test data. "
             "In the other sections a private-selection trial's accuracy is its noisy validation score.</p>"
             + _table(pd.DataFrame(rows)))
+
+
+def _audit_section(a: Analysis) -> str:
+    """The one-run privacy audits of this experiment's trials ("Privacy auditing with one (1) training
+    run", Steinke, Nasr & Jagielski, NeurIPS 2023), each bound beside the accountant's ε."""
+    if not a.audits:
+        return ""
+    rows = [{"trial": r["trial_id"], "cell": r.get("cell") or "—", "workers": r.get("workers", 1),
+             "canaries (gradient + input)": f"{(r.get('gradient') or {}).get('canaries', 0)} + "
+                                            f"{(r.get('inputs') or {}).get('canaries', 0)}",
+             "accountant ε": f"{r['epsilon']:.3f}", "lower bound on ε (95%)": f"{r['lower_bound']:.3f}",
+             "verdict": "VIOLATED" if r["violated"] else "consistent"} for r in a.audits]
+    return ("<h2 id='audit'>Privacy audit (one training run)</h2>"
+            "<p class='note'>Canaries, each included with probability ½, trained once with the trial's settings; "
+            "from how well their inclusion can be guessed, a lower bound on ε that holds with 95% confidence. "
+            "A bound above the accountant's ε means the run is not DP as claimed; one below shows no violation "
+            "(one run's bound is loose) and does not prove the guarantee.</p>" + _table(pd.DataFrame(rows)))
 
 
 def _optima_section(a: Analysis) -> str:
@@ -459,7 +483,7 @@ def build_report(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[f
             "<a href='#noise'>Noise curves</a><a href='#gradnorms'>Gradient norms (non-private)</a>"
             "<a href='#errors'>Errors</a></nav>",
             f"<ul class='note'>{notes}</ul>" if notes else "",
-            _summary_section(a), _private_selection_section(a), _optima_section(a), _heatmap_section(a), _noise_section(a),
+            _summary_section(a), _private_selection_section(a), _audit_section(a), _optima_section(a), _heatmap_section(a), _noise_section(a),
             _gradnorm_section(a), _cosine_section(a), _errors_section(a)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..errors import UserError
 from ..platform.store import ResultsStore
+from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 #: Training options that split cells when they vary within a store (NULL means the default).
@@ -217,6 +218,9 @@ class Sweep:
                    "median accuracy": acc.median() if len(acc) else np.nan}
             if "train_time_s" in t:
                 row["train time (s)"] = float(pd.to_numeric(t["train_time_s"], errors="coerce").sum())
+            # a store without the column predates secure mode: its runs were seeded
+            modes = t["randomness"].fillna(RANDOMNESS[0]) if "randomness" in t else pd.Series([RANDOMNESS[0]])
+            row["randomness"] = ", ".join(RANDOMNESS_LABELS[m] for m in sorted(set(modes)))
             rows.append(row)
         return pd.DataFrame(rows)
 

@@ -9,7 +9,7 @@ from .store import to_json
 AXES = ("dataset", "model", "epsilon", "delta", "epochs")
 HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate", "optimizer", "momentum", "clip_fn",
                    "norm_estimator", "sketch_k", "denoise", "denoise_kappa", "denoise_norm_correction",
-                   "denoise_scope", "peft", "seed")
+                   "denoise_scope", "peft", "seed", "randomness")
 SELECTION_FIELDS = ("selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
 EPOCH_FIELDS = ("epoch", "step", "epsilon_spent", "clipped_fraction", "train_time_s")
 

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Iterator
 
-import numpy as np
-
 from ..errors import UserError
 from .cache import cached, make_key
 from .calibration import REL_TOL, SIGMA_MAX

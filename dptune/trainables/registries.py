@@ -25,6 +25,7 @@ registry           ``kind`` (the field)  entries
 """
 from __future__ import annotations
 
+from ..privacy.randomness_modes import RANDOMNESS  # noqa: F401  (the randomness modes; the first is the default)
 from ..registry import Registry
 from .data_sources import EMBEDDED_FILES, HF_SOURCES
 
@@ -54,8 +55,6 @@ DENOISE_SCOPES.register_lazy("lora", f"{_T}denoise:lora_factors")
 DIAGNOSTICS: Registry = Registry("diagnostics")
 DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}denoise:CosineDiagnostic")
 
-#: Where a run's random numbers come from (``randomness``; ``randomness.py``): the first is the default.
-RANDOMNESS = ("reproducible", "secure")
 
 #: What ``peft`` may train (``finetuning.apply_peft`` implements each).
 PEFT_METHODS = ("film", "lora", "head", "full")

@@ -128,6 +128,11 @@ def _given(**options: object) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
+def backbone_options(cfg: TrainConfig) -> dict:
+    """The options the model builder takes: ``peft``, ``weights`` and the config's ``model_options``."""
+    return {**_given(peft=cfg.peft, weights=cfg.weights), **cfg.model_options}
+
+
 def load_training_data(cfg: TrainConfig, model_options: dict) -> DatasetSplits:
     """The run's dataset, prepared for its model: the backbone's input spec (resolution and
     normalisation, or tokenizer) plus the config's data options. A dataset that cannot be prepared
@@ -154,15 +159,14 @@ class Trainer:
         self.streams = {name: stream(cfg.randomness, name, seed=cfg.seed, secret=secret, device=self.device)
                         for name in STREAMS}
         torch.manual_seed(self.streams["init"].seed())   # model initialisation and dropout
-        model_options = {**_given(peft=cfg.peft, weights=cfg.weights), **cfg.model_options}
+        model_options = backbone_options(cfg)
         self.data = data or load_training_data(cfg, model_options)
         if cfg.validation_fraction > 0:
             self.data = with_validation(self.data, cfg.validation_fraction,
                                         cfg.seed if cfg.split_seed is None else cfg.split_seed)
         self.n_train = len(self.data.train)   # what is trained on: q = B/N and σ are for this N
         self.plan = plan_privacy(cfg, self.n_train)
-        self.model = create_model(cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
-                                  **model_options).to(self.device)
+        self.model = self.build_model(model_options).to(self.device)
         self.trainable, self.total_params = parameter_summary(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, momentum=cfg.momentum,
@@ -182,6 +186,12 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.train_time_s = 0.0
+
+    def build_model(self, model_options: dict) -> nn.Module:
+        """The run's model, before the optimizer and the engine see it (the audit's trainer adds
+        its canary head here: :mod:`.audit`)."""
+        return create_model(self.cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
+                            **model_options)
 
     @property
     def num_epochs(self) -> int:

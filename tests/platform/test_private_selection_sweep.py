@@ -2,6 +2,8 @@
 exactly, each releasing one noisy validation score and no test accuracy; the best noisy score's
 trial released with the cell's total ε and its test accuracy, measured once after selection."""
 import io
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +11,9 @@ import ray
 import torch
 
 from dptune.analysis.report import build_report
+from dptune.errors import UserError
 from dptune.platform.catalog import trainables_catalog
+from dptune.platform.export import export_release
 from dptune.platform.launcher import RunSettings
 from dptune.platform.query import run_query
 from dptune.platform.selection import release_selections
@@ -52,13 +56,39 @@ def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     plan = plan_sweep(load_spec(SPEC, trainables_catalog()), trainables_catalog(), workers=1, draw=True)
     (cell,) = plan.cells
     k = len(cell.draws)   # a secret draw (the law of K is tested in tests/search_spaces)
-    settings = RunSettings(experiment="private", storage=str(tmp_path), max_failures=0, verbose=0)
+    settings = RunSettings(experiment="private", storage=str(tmp_path / "run"), max_failures=0, verbose=0)
     out = io.StringIO()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+
+    def record_secrets() -> None:   # in each Ray worker: keep a copy of every trial's secret, for the check below
+        import os
+        import secrets
+
+        import dptune.trainables.training as training
+
+        def recorded() -> bytes:
+            key = secrets.token_bytes(32)
+            (keys / f"{os.getpid()}-{secrets.token_hex(4)}").write_bytes(key)
+            return key
+        training.new_secret = recorded
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
+             runtime_env={"worker_process_setup_hook": record_secrets})
+    logs = Path(ray._private.worker._global_node.get_session_dir_path())   # Ray's logs and state of this session
     try:
         results = run_sweep(plan, settings, out=out).results
     finally:
         ray.shutdown()
+    # every trial drew its own secret, and none is in any byte the sweep wrote: store, checkpoints,
+    # Ray's experiment state, the worker logs, the output
+    secret = [p.read_bytes() for p in keys.iterdir()]
+    assert len(secret) == len(set(secret)) >= k
+    written = b"".join(p.read_bytes() for root in (tmp_path / "run", logs) for p in root.rglob("*")
+                       if p.is_file() and not p.is_socket()) + out.getvalue().encode()
+    assert not any(s in written or s.hex().encode() in written for s in secret)
+    # the store holds every noisy score and K: only its owner may read the experiment
+    assert (tmp_path / "run" / "private").stat().st_mode & 0o777 == 0o700
     store = ResultsStore(settings.paths.store)
     rows = store.table("trials")
     assert len(rows) == k and set(rows.status) == {"finished"} and set(rows.selection_k) == {k}
@@ -89,6 +119,23 @@ def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     # the report shows the release per cell
     page = build_report(store)
     assert "Private selection: the released model per cell" in page and f"{best.test_accuracy:.3f}" in page
+    # dptune export writes the release alone: the selected model's weights, its configuration, the total ε
+    from safetensors.torch import load_file
+
+    from dptune.cli import main
+    from dptune.platform.tune_adapter import checkpoint_state
+
+    assert main(["export", settings.paths.root, "--out", str(tmp_path / "release")], out=io.StringIO()) == 0
+    (folder,) = (tmp_path / "release").iterdir()
+    weights = load_file(folder / "model.safetensors")
+    final = checkpoint_state(selected.checkpoint)["trainer"]["model"]
+    assert weights.keys() == final.keys() and all(torch.equal(weights[k], final[k]) for k in final)
+    record = json.loads((folder / "release.json").read_text())
+    assert record["privacy"]["epsilon"] == best.total_epsilon and record["privacy"]["randomness"] == "secure"
+    assert record["test_accuracy"] == best.test_accuracy and record["configuration"]["clip_bound"] == best.clip_bound
+    assert "selection_k" not in json.dumps(record) and "selection_draw" not in json.dumps(record)
+    with pytest.raises(UserError, match="was not selected"):
+        export_release(settings.paths.root, str(tmp_path / "other"), trial_id=others.trial_id.iloc[0])
     # releasing again (dptune resume) touches nothing: the test data is used once
     again = [SimpleNamespace(config=cell.draw_config(i), checkpoint=None, metrics={}) for i in range(k)]
     assert release_selections(again, settings.paths, out=io.StringIO()) == []

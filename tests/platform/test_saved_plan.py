@@ -14,6 +14,7 @@ def test_the_saved_plan_holds_the_spec_rules_and_every_cell_batch_size(tmp_path)
             "pruning": {"min_steps": 8, "plateau_tol": 0.3}, "search": {"algorithm": "grid"}}
     plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
     settings = RunSettings(experiment="saved", storage=str(tmp_path))
+    settings.paths.create()
     _save_plan(plan, settings)
     saved = ExperimentPaths(str(tmp_path / "saved")).saved_plan()
     assert saved["pruning"] == {"min_steps": 8, "plateau_tol": 0.3, "max_batch_sizes": None}
