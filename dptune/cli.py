@@ -90,6 +90,7 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm.auto import tqdm
 
     from .trainables.config import TrainConfig
+    from .privacy.randomness_modes import RANDOMNESS_LABELS
     from .trainables.training import Trainer
 
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}).validate()
@@ -102,7 +103,7 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
     privacy = (f"ε={cfg.epsilon:g}, δ={cfg.delta:g}, σ={plan.noise_multiplier:.4f}, C={cfg.clip_bound:g}"
                if cfg.private else "non-private baseline (no clipping, no noise)")
     print(f"{privacy}; B={cfg.batch_size} (q={plan.sample_rate:.4g}), T={plan.steps} steps, "
-          f"η={cfg.learning_rate:g}, {cfg.optimizer}", file=out)
+          f"η={cfg.learning_rate:g}, {cfg.optimizer}; randomness {RANDOMNESS_LABELS[cfg.randomness]}", file=out)
     with tqdm(total=plan.steps, disable=args.quiet, unit="step", desc="training", file=sys.stderr) as bar:
         def report(m: dict, history: list) -> None:
             line = f"epoch {m['epoch']:>3}/{trainer.num_epochs}  step {m['step']:>5}"
@@ -143,6 +144,7 @@ def _engine_table(trainer: object) -> str:
 
 def _add_query(sub: argparse._SubParsersAction) -> None:
     from .platform.query import DEFAULT_STORE, FORMATS
+    from .platform.query_limits import QueryLimits
 
     p = sub.add_parser("query", help="run SQL over a results store (DuckDB views trials, epochs, gradnorms)",
                        description="Run SQL over the results store. Views: trials (one row per trial: axes, "
@@ -153,13 +155,20 @@ def _add_query(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", default=DEFAULT_STORE, help="store or experiment folder, or s3://… [%(default)s]")
     p.add_argument("--format", default="table", choices=FORMATS, help="[%(default)s]")
     p.add_argument("--out", help="write the result to this file (needed for parquet)")
+    limits = QueryLimits()
+    p.add_argument("--memory", default=limits.memory, help="DuckDB memory limit, e.g. 512MB [%(default)s]")
+    p.add_argument("--threads", type=int, default=limits.threads, help="DuckDB threads [%(default)s]")
+    p.add_argument("--timeout", type=float, default=limits.timeout_s,
+                   help="stop the query after this many seconds [%(default)s]")
     p.set_defaults(handler=lambda args, out: _run_query(args, out))
 
 
 def _run_query(args: argparse.Namespace, out: TextIO) -> int:
     from .platform.query import run_query
+    from .platform.query_limits import QueryLimits
 
-    run_query(args.store, args.sql, fmt=args.format, out_file=args.out, out=out)
+    run_query(args.store, args.sql, fmt=args.format, out_file=args.out, out=out,
+              limits=QueryLimits(args.memory, args.threads, args.timeout))
     return EXIT_OK
 
 
@@ -289,6 +298,85 @@ def _run_report(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export what may be shared: a released model, its configuration and ε",
+                       description="Write the release of a local experiment: per trial, model.safetensors (its final "
+                                   "weights) and release.json (configuration, ε and δ and what they cover, the "
+                                   "released scores). Without --trial, the model each private-selection cell "
+                                   "released, with the cell's total ε; with --trial, that finished trial. Only "
+                                   "trials run with secure randomness are exported. The experiment folder itself "
+                                   "holds every trial and noisy score: keep it as private as the training data.")
+    p.add_argument("experiment", metavar="EXPERIMENT", help="the experiment folder (or its store) of a finished sweep")
+    p.add_argument("--out", required=True, help="folder to write the release to")
+    p.add_argument("--trial", help="export this trial id instead of the private-selection releases")
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args: argparse.Namespace, out: TextIO) -> int:
+    from .platform.export import export_release
+
+    export_release(args.experiment, args.out, trial_id=args.trial, out=out)
+    return EXIT_OK
+
+
+def _add_audit(sub: argparse._SubParsersAction) -> None:
+    from .privacy.audit_bound import GRADIENT_CANARIES, INPUT_CANARIES
+
+    p = sub.add_parser("audit", help="an empirical lower bound on a trial's ε from one training run with canaries",
+                       description="Plant canaries, each included with probability 1/2 (white-box gradient canaries "
+                                   "read through the engine's noisy gradient, and black-box input canaries: held-out "
+                                   "examples with wrong labels), train once with the trial's exact settings (engine, "
+                                   "estimator, clipping, sigma, B, T, workers), guess which canaries were included and "
+                                   "turn the guesses into a lower bound on epsilon at 95% confidence (Steinke, Nasr & "
+                                   "Jagielski, 'Privacy auditing with one (1) training run', NeurIPS 2023), printed "
+                                   "beside the accountant's epsilon. A bound above it means the run is not DP as "
+                                   "claimed; one below shows no violation (one run's bound is loose). Audit a finished "
+                                   "trial (--store, --trial: kept beside the store for the report) or a spec's cell.")
+    p.add_argument("spec", metavar="SPEC", nargs="?", help="a sweep spec whose cell to audit (or give --store and --trial)")
+    p.add_argument("--cell", help="the cell's key, as `dptune plan` prints it [the first private cell]")
+    p.add_argument("--config", type=int, default=0, help="index into the cell's (C, B, η) grid [%(default)s]")
+    p.add_argument("--store", help="experiment folder (or its store) holding --trial")
+    p.add_argument("--trial", help="trial id of a finished trial to audit")
+    p.add_argument("--gradient-canaries", type=int, default=GRADIENT_CANARIES, help="[%(default)s]")
+    p.add_argument("--input-canaries", type=int, default=INPUT_CANARIES, help="[%(default)s]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the canaries' inclusion [%(default)s]")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local worker processes [the trial's resources.workers]")
+    p.add_argument("--broken", help="audit a deliberately broken engine instead (noise_div10, clip_10x, "
+                                    "realised_batch, reused_noise): the audit's own check")
+    p.add_argument("--json", metavar="FILE", help="also write the result to FILE as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_run_audit)
+
+
+def _run_audit(args: argparse.Namespace, out: TextIO) -> int:
+    from tqdm.auto import tqdm
+
+    from .platform.audits import audit, cell_trial, stored_trial
+    from .platform.layout import ExperimentPaths
+    from .trainables.audit import describe, AuditResult
+
+    if (args.spec is None) == (args.trial is None):
+        raise UserError("audit: give either SPEC or --store and --trial")
+    paths = ExperimentPaths.find(args.store or ".") if args.trial else None
+    config, workers = stored_trial(paths, args.trial) if paths else cell_trial(args.spec, args.cell, args.config)
+    workers = args.workers or workers
+    print(f"auditing {config.get('cell', '')} C={config['clip_bound']:g} B={config['batch_size']} "
+          f"η={config['learning_rate']:.3g} on {workers} worker(s)", file=out)
+    with tqdm(total=config.get("steps"), disable=args.quiet or workers > 1, unit="step", desc="audit run",
+              file=sys.stderr) as bar:
+        result = audit(config, workers=workers, progress=lambda step: bar.update(step - bar.n),
+                       gradient=args.gradient_canaries, inputs=args.input_canaries, seed=args.seed,
+                       broken=args.broken)
+    print(describe(AuditResult.from_dict(result)), file=out)
+    if paths is not None and args.broken is None:
+        print(f"kept {paths.save_audit(args.trial, {**result, 'cell': config.get('cell')})}", file=out)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return EXIT_OK
+
+
 def _add_optimal_clip(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimal-clip", help="C* (Theorem 5.2) from per-sample gradients at a checkpoint "
                                             "(non-private diagnostic)",
@@ -370,6 +458,8 @@ def _refuse_earlier_run(paths: "ExperimentPaths", *, overwrite: bool, out: TextI
     exists and is not empty is refused (before anything is launched), or deleted with --overwrite."""
     import pyarrow.fs as pafs
 
+    from .platform.layout import SETTINGS_FILE
+
     fs, root = paths.filesystem()
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
@@ -382,6 +472,9 @@ def _refuse_earlier_run(paths: "ExperimentPaths", *, overwrite: bool, out: TextI
         raise UserError(f"experiment folder {paths.root} already holds a run: continue it with "
                          f"`dptune resume {paths.root}`, start it again with --overwrite (deletes that run), or give "
                          "the spec a new `experiment:` name (or --storage)")
+    if fs.get_file_info(f"{root}/{SETTINGS_FILE}").type != pafs.FileType.File:
+        raise UserError(f"--overwrite deletes only an earlier dptune run, and {paths.root} holds none (no "
+                         f"{SETTINGS_FILE}): give the spec another `experiment:` name (or --storage)")
     print(f"dptune: --overwrite: deleting the earlier run in {paths.root}", file=out)
     fs.delete_dir(root)
 
@@ -399,7 +492,7 @@ def _report_outcome(outcome, out: TextIO) -> int:
     if outcome.finished:
         write_heatmaps(ResultsStore(paths.store), paths.figures)
         print(f"heatmaps: {paths.figures}  (full report: dptune report --store {paths.root})", file=out)
-    return EXIT_OK if outcome.errored == 0 else EXIT_FAILURE
+    return EXIT_OK if outcome.errored == 0 and outcome.unrun == 0 else EXIT_FAILURE
 
 
 def _add_resume(sub: argparse._SubParsersAction) -> None:
@@ -422,7 +515,7 @@ def run_resume_command(args: argparse.Namespace, out: TextIO) -> int:
 
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (
     _add_train, _add_plan, _add_sweep, _add_resume, _add_query, _add_compact, _add_heatmap, _add_report,
-    _add_optimal_clip)
+    _add_optimal_clip, _add_export, _add_audit)
 
 
 def build_parser() -> argparse.ArgumentParser:

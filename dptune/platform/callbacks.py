@@ -1,5 +1,15 @@
-"""Driver-side Ray Tune callback that writes every finished or errored trial to the results store."""
+"""Driver-side Ray Tune callback that writes every finished or errored trial to the results store.
+
+No ended trial goes without its row: a write that fails (the store unreachable or full after the
+store's retries) is reported once and tried again at every later trial end and when the sweep
+ends, and the first step of a resumed sweep records every trial Ray Tune holds as ended that
+the store lacks (a row lost to a crash, a failed write, a quarantined file), from its checkpoint.
+That first step also tells a restored searcher which trials Ray Tune's snapshot holds, so it hands
+out again what it handed out before the kill and the snapshot lost (:func:`.searcher.reconcile_restored`).
+"""
 from __future__ import annotations
+
+import sys
 
 from ray import tune
 
@@ -7,7 +17,8 @@ from .faults import fault_point
 from .kept import KEPT, config_id
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
-from .store import ResultsStore, first_line, retrying
+from .searcher import reconcile_restored
+from .store import ResultsStore, StoreWriteError, first_line, retrying
 from .trial_config import resolved
 from .tune_adapter import checkpoint_state
 
@@ -26,6 +37,9 @@ class StoreCallback(tune.Callback):
         self.paths = paths
         self.compact_every = compact_every
         self._store: ResultsStore | None = None
+        self._started = False
+        #: trials whose rows could not be written yet: trial id → (trial, status, error)
+        self._unrecorded: dict[str, tuple] = {}
 
     @property
     def store(self) -> ResultsStore:
@@ -33,11 +47,59 @@ class StoreCallback(tune.Callback):
             self._store = ResultsStore(self.paths.store)
         return self._store
 
+    def on_step_begin(self, iteration: int, trials: list, **info) -> None:
+        if self._started:
+            return
+        self._started = True
+        if trials:  # a restored experiment: Ray Tune's snapshot is known now, before any suggestion
+            reconcile_restored(trials)
+            self._record_missing(trials)
+
     def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
-        self._write(trial, status="stopped" if stopped_early(trial.last_result) else "finished")
+        self._record(trial, "stopped" if stopped_early(trial.last_result) else "finished")
 
     def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
-        self._write(trial, status="error", error=_error_message(trial))
+        self._record(trial, "error", _error_message(trial))
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        self._retry_unrecorded()
+        for trial, _, _ in self._unrecorded.values():
+            print(f"dptune: trial {trial.trial_id} has no row in the results store yet: `dptune resume "
+                  f"{self.paths.root}` records it once the store takes writes", file=sys.stderr)
+
+    def _record(self, trial: "tune.experiment.Trial", status: str, error: str | None = None) -> None:
+        """Write the trial's rows; a failed write is reported once and kept for a later try."""
+        self._retry_unrecorded()
+        try:
+            self._write(trial, status=status, error=error)
+        except StoreWriteError as exc:
+            self._unrecorded[trial.trial_id] = (trial, status, error)
+            print(f"dptune: warning: {exc}", file=sys.stderr)
+            return
+        try:
+            self.store.compact_every(self.compact_every)
+        except OSError as exc:  # the sweep goes on: the per-trial files stay readable as they are
+            print(f"dptune: warning: compacting the results store failed ({first_line(exc)}); "
+                  "tried again at the next trial end", file=sys.stderr)
+        fault_point("trial_recorded")
+
+    def _retry_unrecorded(self) -> None:
+        for trial_id, (trial, status, error) in list(self._unrecorded.items()):
+            try:
+                self._write(trial, status=status, error=error)
+            except StoreWriteError:
+                return
+            del self._unrecorded[trial_id]
+
+    def _record_missing(self, trials: list) -> None:
+        """Write the rows of every ended trial whose configuration the store does not hold."""
+        stored = set(self.store.table("trials").get("config_id", []))
+        for trial in trials:
+            if trial.status in (trial.TERMINATED, trial.ERROR) and config_id(trial.config) not in stored:
+                if trial.status == trial.ERROR:
+                    self._record(trial, "error", _error_message(trial))
+                else:
+                    self._record(trial, "stopped" if stopped_early(trial.last_result) else "finished")
 
     def _write(self, trial: "tune.experiment.Trial", *, status: str, error: str | None = None) -> None:
         last = dict(trial.last_result or {})
@@ -55,8 +117,6 @@ class StoreCallback(tune.Callback):
                         experiment=self.paths.name)
         row["config_id"] = config_id(trial.config)
         self.store.write_trial(row, epoch_rows(history, row["metric"]), gradnorm_rows(history))
-        self.store.compact_every(self.compact_every)
-        fault_point("trial_recorded")
 
 
 def stopped_early(last: dict | None) -> bool:

@@ -65,7 +65,7 @@ def checkpoint_gradients(path: str, *, trial_id: str | None = None, examples: in
     """Per-sample gradients of ``examples`` training examples (default: the trial's expected batch
     size B, the sum Theorem 5.2 is about), drawn uniformly without replacement with ``seed``."""
     source = find_state(path, trial_id)
-    state = torch.load(source, map_location=device, weights_only=False)
+    state = torch.load(source, map_location=device, weights_only=True)
     trainer_state = state.get("trainer", state)
     if "config" not in trainer_state or "model" not in trainer_state:
         raise UserError(f"{source!r} is not a dptune trainer checkpoint (no config or model weights)")

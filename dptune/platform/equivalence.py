@@ -10,10 +10,9 @@ read private per-sample gradient norms, so it is not differentially private.
 """
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
+from .durable import read_json, write_json
 from .kept import config_id
 from .layout import ExperimentPaths
 from .store import ResultsStore, to_json
@@ -32,16 +31,11 @@ class EquivalenceLog:
     def __call__(self, equivalents: list[dict]) -> None:
         fs, root = self.paths.filesystem()
         fs.create_dir(root, recursive=True)
-        with fs.open_output_stream(f"{root}/{LOG_FILE}") as f:
-            f.write(json.dumps(equivalents, default=str).encode())
+        write_json(fs, f"{root}/{LOG_FILE}", equivalents, default=str)
 
     def read(self) -> list[dict]:
         fs, root = self.paths.filesystem()
-        try:
-            with fs.open_input_stream(f"{root}/{LOG_FILE}") as f:
-                return json.loads(f.read())
-        except FileNotFoundError:
-            return []
+        return read_json(fs, f"{root}/{LOG_FILE}", "the clip-equivalence log") or []
 
 
 def equivalent_id(source: str, clip_bound: float) -> str:

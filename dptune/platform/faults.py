@@ -10,7 +10,11 @@ k-th time this process passes ``<point>``,
   creates ``<point>@<k>.go`` there (e.g. while the test stops a storage server).
 
 The points (where they are called): ``trial_recorded`` (the store callback has written a trial's
-rows), ``storage_retry`` (a store write or checkpoint read failed and is about to be retried).
+rows), ``storage_retry`` (a store write or checkpoint read failed and is about to be retried),
+``searcher_saved`` (Ray Tune's snapshot of the searcher is written, the trial list just before it),
+and in the durable write of every file (:mod:`.durable`): ``durable_written`` (the bytes, not yet
+fsynced), ``durable_synced`` (fsynced, not renamed), ``durable_renamed`` (renamed, the folder not
+yet fsynced); ``compact_deleted`` (a compaction deleted one of the files it merged).
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@
     dptune_plan.json             the plan the sweep ran (pruning rules, each cell's batch sizes), for the report
     store/                       the Parquet results store (``dptune query --store`` takes it or the root)
     analysis/                    heatmaps and report of a local experiment
+    audits/                      `dptune audit` results of its trials (<trial id>.json), for the report
     workers/                     Ray Train's runs of multi-worker trials (resources.workers > 1)
 ```
 
@@ -22,13 +23,15 @@ from dataclasses import dataclass, replace
 
 import pyarrow.fs as pafs
 
-
 from ..errors import NotFound
+from .durable import read_json, write_json
+
 #: The spec's default ``storage`` and its default ``experiment`` name.
 DEFAULT_STORAGE = "./dptune-results"
 DEFAULT_EXPERIMENT = "default"
 #: Folder and file names inside an experiment root.
 STORE, ANALYSIS, SETTINGS_FILE, PLAN_FILE = "store", "analysis", "dptune_settings.json", "dptune_plan.json"
+AUDITS = "audits"
 #: Ray Train's runs of multi-worker trials (their checkpoints between worker restarts).
 WORKER_RUNS = "workers"
 #: Figures are written with local file APIs: those of a remote experiment go here.
@@ -120,13 +123,28 @@ class ExperimentPaths:
         return _join(self.root, PLAN_FILE)
 
     def saved_plan(self) -> dict | None:
-        """The plan :func:`dptune.platform.sweep.run_sweep` saved, or None (a store without one)."""
+        """The plan :func:`dptune.platform.sweep.run_sweep` saved, or None (a store without one);
+        a damaged one is refused in one line."""
         fs, path = filesystem(self.plan)
-        try:
-            with fs.open_input_stream(path) as f:
-                return json.loads(f.read())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return read_json(fs, path, "the sweep's plan")
+
+    def save_audit(self, trial_id: str, result: dict) -> str:
+        """Keep ``dptune audit``'s result for a trial of this experiment; returns the file's path."""
+        fs, folder = filesystem(_join(self.root, AUDITS))
+        fs.create_dir(folder, recursive=True)
+        path = _join(folder, f"{trial_id}.json")
+        write_json(fs, path, {"trial_id": trial_id, **result}, indent=1)
+        return path
+
+    def saved_audits(self) -> list[dict]:
+        """The audits kept for this experiment's trials, by trial id (none: empty)."""
+        fs, folder = filesystem(_join(self.root, AUDITS))
+        found = []
+        for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
+            if info.path.endswith(".json"):
+                with fs.open_input_stream(info.path) as f:
+                    found.append(json.loads(f.read()))
+        return sorted(found, key=lambda a: a["trial_id"])
 
     @property
     def figures(self) -> str:
@@ -141,3 +159,13 @@ class ExperimentPaths:
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """The pyarrow filesystem of the experiment and the root's path inside it."""
         return filesystem(self.root)
+
+    def create(self, *, owner_only: bool = False) -> None:
+        """Create the experiment root. ``owner_only`` (a private-selection sweep, whose store holds
+        every noisy score and K and is as private as the training data): a local root is made
+        readable by its owner only (mode 0700, also when it exists), so nothing under it can be
+        read by others; an object store's access is the bucket's policy (see the README)."""
+        fs, root = self.filesystem()
+        fs.create_dir(root, recursive=True)
+        if owner_only and not self.is_uri:
+            os.chmod(root, 0o700)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..errors import UserError
 from .layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE, ExperimentPaths
+from .query_limits import QueryLimits
 
 if TYPE_CHECKING:  # imported when a query runs: `dptune --help` needs only the names below
     import pandas as pd
@@ -27,8 +28,9 @@ def open_store(path: str) -> "ResultsStore":
 
 
 def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | None = None,
-              out: TextIO) -> "pd.DataFrame":
-    """Run ``sql`` over the views trials/epochs/gradnorms; print a table or write csv/json/parquet."""
+              out: TextIO, limits: QueryLimits = QueryLimits()) -> "pd.DataFrame":
+    """Run ``sql`` over the views trials/epochs/gradnorms within ``limits``; print a table or write
+    csv/json/parquet."""
     import pandas as pd
 
     if fmt not in FORMATS:
@@ -37,7 +39,7 @@ def run_query(store_path: str, sql: str, *, fmt: str = "table", out_file: str | 
         raise UserError("format parquet needs --out FILE")
     store = open_store(store_path)
     try:
-        frame = store.query(sql)
+        frame = store.query(sql, limits)
     except Exception as exc:  # DuckDB parser/binder errors: one line for the user
         if type(exc).__module__.startswith("duckdb") or exc.__class__.__name__.endswith("Exception"):
             raise UserError(f"query failed: {str(exc).splitlines()[0]}") from exc

@@ -28,6 +28,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianSt
 
 from ..errors import UserError
 from ..search_spaces.search_sections import Scheduler
+from .durable import read_file, write_bytes
 from .layout import ExperimentPaths
 
 #: File of the per-cell scheduler state, beside Ray's experiment state.
@@ -130,8 +131,7 @@ class PerCellScheduler(FIFOScheduler):
             return
         fs, path = where
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with fs.open_output_stream(path) as f:
-            f.write(pickle.dumps({"cells": self.cells, "stopped": self.stopped}))
+        write_bytes(fs, path, pickle.dumps({"cells": self.cells, "stopped": self.stopped}))
 
     def _load(self) -> None:
         """Once, on first use: the cells' state saved by an earlier driver of the same experiment."""
@@ -142,12 +142,9 @@ class PerCellScheduler(FIFOScheduler):
         if where is None:
             return
         fs, path = where
-        try:
-            with fs.open_input_stream(path) as f:
-                saved = pickle.loads(f.read())
+        saved = read_file(fs, path, pickle.loads, "the scheduler's state")
+        if saved is not None:
             self.cells, self.stopped = saved["cells"], saved["stopped"]
-        except FileNotFoundError:
-            pass
 
 
 def build_scheduler(settings: Scheduler, paths: ExperimentPaths | None, *, metric: str,

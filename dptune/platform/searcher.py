@@ -9,7 +9,12 @@ search's seeded sample in order (``grid`` cells with flat clipping through :clas
 Optuna TPE over the indices (with ``warm_start``, first the best finished configuration of a
 neighbouring cell: the adjacent ε, or the other backbone, moved to the nearest searched B), or
 private selection's K draws. ``save``/``restore`` pickle the whole state, so ``Tuner.restore``
-resumes the search where it stopped.
+resumes the search where it stopped (the pickle is read only from the experiment's own folder:
+as for any pickle, resume only experiments whose folder nobody else can write, see the README).
+A restored searcher is told, before its first suggestion, which trials Ray Tune's snapshot holds
+(:func:`reconcile_restored`): the two snapshots are written one after the other and can disagree
+after a kill, and a configuration handed out before the kill that the trial snapshot lost is handed
+out again instead of never being trained.
 
 Use the plan's trial count as ``num_samples`` or -1 (until ``FINISHED``): a converged cell hands
 out fewer trials than its budget.
@@ -23,10 +28,24 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ray.tune.search import Searcher
 
+from pyarrow.fs import LocalFileSystem
+
 from .cell_search import WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, WarmStart
+from .durable import read_file, write_bytes
+from .faults import fault_point
 
 if TYPE_CHECKING:
     from ..search_spaces.planner import SweepPlan
+
+#: The searchers Ray Tune restored in this process from an experiment's snapshot (newest last).
+RESTORED: list["SweepSearcher"] = []
+
+
+def reconcile_restored(trials: list) -> None:
+    """Tell every searcher restored in this process which trials Ray Tune's snapshot holds (the
+    store callback calls it at the first step of a resumed sweep, before any suggestion)."""
+    for searcher in RESTORED:
+        searcher.reconcile(trials)
 
 
 def default_startup_trials(budget: int) -> int:
@@ -50,7 +69,7 @@ class SweepSearcher(Searcher):
         self.equivalents: list[dict] = []
         self._cursor = 0                                   # the first cell not done
         self._pending: deque = deque()                     # (cell, proposal id, trial config) to hand out
-        self._trials: dict[str, tuple[int, str, int]] = {}  # Ray trial id → (cell, proposal id, seed)
+        self._trials: dict[str, tuple[int, str, dict]] = {}  # Ray trial id → (cell, proposal id, config)
 
     # --- Ray Tune's Searcher interface -----------------------------------------------------------
 
@@ -60,14 +79,15 @@ class SweepSearcher(Searcher):
         if not self._pending:
             return Searcher.FINISHED if all(c.done for c in self.cells) else None   # None: waiting for a larger C
         cell, pid, config = self._pending.popleft()
-        self._trials[trial_id] = (cell, pid, int(config["seed"]))
+        self._trials[trial_id] = (cell, pid, config)
         return config
 
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
         known = self._trials.pop(trial_id, None)
         if known is None:
             return
-        cell, pid, seed = known
+        cell, pid, config = known
+        seed = int(config["seed"])
         value = None if error or not result else result.get(self.metric)
         fully = (not error and bool(result) and result.get("fully_clipped") == 1
                  and result.get("step") == result.get("steps"))
@@ -78,12 +98,36 @@ class SweepSearcher(Searcher):
                 self.on_equivalent(list(self.equivalents))
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.__dict__, f)
+        write_bytes(LocalFileSystem(), checkpoint_path, pickle.dumps(self.__dict__))
+        fault_point("searcher_saved")
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            self.__dict__.update(pickle.load(f))
+        saved = read_file(LocalFileSystem(), checkpoint_path, pickle.loads, "the searcher's state")
+        self.__dict__.update(saved)
+        self._reconciled = False
+        RESTORED.append(self)
+
+    def reconcile(self, trials: list) -> None:
+        """Square this state with Ray Tune's restored trials: a trial handed out here that the
+        snapshot does not hold is handed out again, first; one the snapshot holds as ended (it
+        ended after this state was saved: Ray Tune will not report it again) is taken as reported.
+        A trial of the snapshot unknown here (a newer trial list) needs nothing: the store keeps
+        one row per configuration."""
+        if self._reconciled:
+            return
+        self._reconciled = True
+        held = {t.trial_id: t for t in trials}
+        for trial_id in reversed([t for t in self._trials if t not in held]):
+            cell, pid, config = self._trials.pop(trial_id)
+            self._pending.appendleft((cell, pid, config))
+        for trial_id in [t for t in self._trials if held[t].status in (held[t].TERMINATED, held[t].ERROR)]:
+            trial = held[trial_id]
+            self.on_trial_complete(trial_id, trial.last_result, error=trial.status == trial.ERROR)
+
+    def unrun(self) -> int:
+        """How many planned trials have not ended: handed out and not reported back, queued, and at
+        least one per cell that has configurations left (0 once the plan is complete)."""
+        return len(self._trials) + len(self._pending) + sum(not c.done for c in self.cells)
 
     # --- results -----------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from .layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE
 if TYPE_CHECKING:
     from ray import tune
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Resources:
 
 @register_section("experiment", default=DEFAULT_EXPERIMENT, summary="experiment name (a folder under storage)")
 def parse_experiment(value: Any, catalog: Catalog) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
+    if not isinstance(value, str) or not NAME.fullmatch(value):
         raise SpecError(f"experiment: must be a name of letters, digits, '_', '.', '-'; got {value!r}")
     return value
 

@@ -12,14 +12,20 @@ read every file and keep each configuration's rows from its newest file: a resum
 loose file over an older part, a trial Ray Tune restarted under a new id over the errored one, one
 of two parts left holding the same trial by a compaction that was killed.
 
+A file that cannot be read (truncated, overwritten, a disk error) does not stop the store: the
+query or compaction that meets it moves it to ``quarantine/<table>/`` with one warning line naming
+it and goes on; ``dptune resume`` records its trial again from the trial's checkpoint.
+
 ``gradnorms`` holds per-class gradient-norm statistics computed from private training examples:
 they are **not** differentially private (column ``nonprivate`` is always true).
 
 Queries are read-only and see the store and nothing else (a store is often shared: NFS, S3, a
-team's dashboard): one SELECT (or EXPLAIN) statement per query; DuckDB runs with external access
-off, only the store's folder reachable (a remote store's files are read by pyarrow and handed to
-DuckDB as Arrow tables, so nothing is reachable) and its configuration locked, so COPY … TO,
-ATTACH, INSTALL/LOAD, SET and reading any file outside the store fail with one line.
+team's dashboard): one SELECT statement per query, or an EXPLAIN [ANALYZE] of one (checked on the
+statement it explains: ``EXPLAIN ANALYZE`` runs it); DuckDB runs with external access off, only the
+store's folder reachable (a remote store's files are read by pyarrow and handed to DuckDB as Arrow
+tables, so nothing is reachable), no spilling to disk, bounded memory, threads and time
+(:class:`QueryLimits`), and its configuration locked, so COPY … TO, ATTACH, INSTALL/LOAD, SET and
+reading any file outside the store fail with one line.
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ import json
 import math
 import os
 import re
+import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -42,15 +50,23 @@ import pyarrow.parquet as pq
 
 from ..errors import UserError
 from .faults import fault_point
+from .durable import write_bytes
 from .layout import filesystem
+from .query_limits import QueryLimits
 
 TABLES = ("trials", "epochs", "gradnorms")
 T = TypeVar("T")
 LOOSE, PART = "trial-", "part-"
+#: Where unreadable files are moved (``quarantine/<table>/<file>``): kept for inspection, out of every read.
+QUARANTINE = "quarantine"
+#: A file name in a reader's error message (DuckDB quotes the path it failed on).
+NAMED_FILE = re.compile(r"['\"]([^'\"]+\.parquet)['\"]")
 #: A per-trial file's name: ``trial-<trial id>.<schema tag>.parquet`` (see :func:`schema_tag`).
 TAGGED = re.compile(r"^trial-.+\.(s[0-9a-f]{12})\.parquet$")
 #: The statements a query may be: reading, never writing, attaching, loading or configuring.
-READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT})
+#: What may precede the statement an EXPLAIN shows: the keyword, ANALYZE, an option list.
+EXPLAIN_PREFIX = re.compile(r"\s*EXPLAIN(\s+ANALY[SZ]E)?(\s*\([^()]*\))?\s", re.IGNORECASE)
 #: Each configuration's rows from its newest file (ties: the last file name), over rows with a
 #: ``filename``. A configuration is its ``config_id`` (rows without one: their trial id), so a trial
 #: Ray Tune restarted under a new id, or ran twice, replaces the rows of the earlier one. A store
@@ -110,36 +126,22 @@ class ResultsStore:
             self._write_atomic(f"{self.path}/{table}/{LOOSE}{_safe(trial_id)}.{schema_tag(data.schema)}.parquet", data)
 
     def _write_atomic(self, final: str, table: pa.Table) -> None:
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            directory, name = final.rsplit("/", 1)
-            tmp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
-            pq.write_table(table, tmp, filesystem=self.fs)
-            self.fs.move(tmp, final)  # atomic rename on POSIX
-        else:
-            self._put_object(final, table)
-
-    def _put_object(self, key: str, table: pa.Table) -> None:
-        """Publish a whole Parquet file as one object (S3, GCS: no rename there, and a "move" is a
-        copy then a delete). The file is serialised completely in memory first and only then
-        uploaded: an object becomes visible only when its upload completes (one PUT, or a
-        multipart upload's final commit), so a failed or killed write leaves the previous object
-        (or none), never part of a file. Writing straight to the object stream would not do:
-        pyarrow's Parquet writer closes its sink when serialisation fails, and closing an object
-        stream *publishes* what was written so far."""
+        """Publish a whole Parquet file atomically and durably (:func:`.durable.write_bytes`: a
+        local file fsynced and renamed, an object uploaded in one PUT). The file is serialised
+        completely in memory first: pyarrow's Parquet writer closes its sink when serialisation
+        fails, and closing an object stream *publishes* what was written so far. A failed write
+        (a store restarting, a network blip, a full disk) is retried with the same bytes, then
+        raised as :class:`StoreWriteError`; nothing of it is published either way."""
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
-        data = sink.getvalue()
-
-        def upload() -> None:
-            with self.fs.open_output_stream(key) as out:
-                out.write(data)
-
-        try:  # an unreachable store (a restart, a network blip) is retried: same bytes, same key
-            retrying(upload, self.write_retry_s)
+        data = sink.getvalue().to_pybytes()
+        try:
+            retrying(lambda: write_bytes(self.fs, final, data), self.write_retry_s)
         except OSError as exc:
-            raise StoreWriteError(f"results store {self.root} unreachable for {self.write_retry_s:.0f} s: "
-                                  f"writing {key.rsplit('/', 1)[-1]} failed ({first_line(exc)}); nothing of it "
-                                  "was published: once the store is back, `dptune resume` the experiment") from None
+            raise StoreWriteError(f"results store {self.root}: writing {final.rsplit('/', 1)[-1]} failed for "
+                                  f"{self.write_retry_s:.0f} s ({first_line(exc)}); nothing of it was published: "
+                                  "the sweep records it again once the store takes writes, and `dptune resume` "
+                                  "records every ended trial the store lacks") from None
 
     def compact(self, *, loose_only: bool = False) -> dict[str, int]:
         """Merge every table's files into one part (newest version per configuration); returns the
@@ -159,12 +161,13 @@ class ResultsStore:
                 continue
             stamps = {f.path: (f.mtime_ns, f.size) for f in files}
             with duckdb.connect() as con:
-                con.register("data", _read_with_filename(self.fs, [f.path for f in files]))
+                con.register("data", self._read_with_filename([f.path for f in files]))
                 newest = _newest(con, "data", lambda sql: con.sql(sql).to_arrow_table())
             self._write_atomic(f"{self.path}/{table}/{PART}{uuid.uuid4().hex}.parquet", newest)
             for f in self.fs.get_file_info([f.path for f in files]):
                 if (f.mtime_ns, f.size) == stamps[f.path]:  # rewritten meanwhile: keep the newer file
                     self.fs.delete_file(f.path)
+                    fault_point("compact_deleted")
             kept[table] = newest.num_rows
         return kept
 
@@ -183,18 +186,22 @@ class ResultsStore:
         """How many per-trial files of ``table`` are waiting for compaction."""
         return len(self._files(table, LOOSE))
 
-    def connect(self) -> duckdb.DuckDBPyConnection:
+    def connect(self, limits: QueryLimits = QueryLimits()) -> duckdb.DuckDBPyConnection:
         """A locked-down DuckDB connection with the views ``trials``, ``epochs`` and ``gradnorms``:
         external access off, only the store's folder readable (a remote store: nothing, its data
-        comes in as Arrow tables), extensions neither installed nor loaded, configuration locked."""
+        comes in as Arrow tables), extensions neither installed nor loaded, no temporary files,
+        memory and threads bounded by ``limits``, configuration locked."""
         local = isinstance(self.fs, pafs.LocalFileSystem)
         con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
         con.execute("SET allowed_directories = ?", [[os.path.abspath(self.path) + os.sep] if local else []])
+        con.execute("SET temp_directory = ''")
+        con.execute(f"SET memory_limit = '{limits.memory}'")
+        con.execute(f"SET threads = {int(limits.threads)}")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         for table in TABLES:
             paths = [self._reachable(f.path) for f in self._files(table)]
-            source = (_parquet_sql(paths) if local else _register(con, f"_{table}_files", self.fs, paths))
+            source = (_parquet_sql(paths) if local else self._register(con, f"_{table}_files", paths))
             if source is None:
                 con.execute(f"CREATE VIEW {table} AS SELECT NULL::VARCHAR AS trial_id, NULL::VARCHAR AS config_id, "
                             "NULL::DOUBLE AS written_at WHERE false")
@@ -209,21 +216,95 @@ class ResultsStore:
         """A local file's absolute path (what ``allowed_directories`` is checked against)."""
         return os.path.abspath(path) if isinstance(self.fs, pafs.LocalFileSystem) else path
 
-    def query(self, sql: str) -> pd.DataFrame:
+    def query(self, sql: str, limits: QueryLimits = QueryLimits()) -> pd.DataFrame:
         """Run one read-only SQL statement over the views and return a pandas frame.
 
         Raises :class:`QueryRefused` (a ValueError with one line) for anything but a single
-        SELECT/EXPLAIN, and for a statement that reaches outside the store."""
+        SELECT (or EXPLAIN of one), for a statement that reaches outside the store, and for one
+        that runs past ``limits`` (memory, time)."""
         check_read_only(sql)
-        with self.connect() as con:
+        while True:
+            try:
+                return self._query(sql, limits)
+            except (duckdb.InvalidInputException, duckdb.IOException) as exc:
+                bad = self._unreadable(exc)
+                if bad is None:
+                    raise
+                self.quarantine(bad, first_line(exc))
+
+    def _query(self, sql: str, limits: QueryLimits) -> pd.DataFrame:
+        with self.connect(limits) as con:
+            timer = threading.Timer(limits.timeout_s, con.interrupt)
+            timer.start()
             try:
                 return con.execute(sql).df()
+            except duckdb.InterruptException:
+                raise QueryRefused(f"query stopped after {limits.timeout_s:g} s (its time limit; "
+                                   "`dptune query --timeout` sets another)") from None
+            except duckdb.OutOfMemoryException:
+                raise QueryRefused(f"query needs more than its memory limit of {limits.memory} "
+                                   "(`dptune query --memory` sets another)") from None
             except (duckdb.PermissionException, duckdb.InvalidInputException) as exc:
                 first = str(exc).splitlines()[0]
                 if isinstance(exc, duckdb.PermissionException) or "configuration has been locked" in first:
                     raise QueryRefused(f"refused: {first} (a query reads the views trials, epochs and gradnorms "
                                        f"of this store, and no other file)") from None
                 raise
+            finally:
+                timer.cancel()
+
+    def _unreadable(self, error: Exception) -> str | None:
+        """The store file a reader's ``error`` is about, if it is one of this store's files and
+        cannot be read; when the message names no file, each file is read to find it."""
+        files = [f.path for table in TABLES for f in self._files(table)]
+        named = NAMED_FILE.search(str(error))
+        if named is not None:
+            matches = [f for f in files if f == named.group(1) or self._reachable(f) == os.path.abspath(named.group(1))]
+            return matches[0] if matches else None
+        for path in files:
+            try:
+                pq.read_table(path, filesystem=self.fs)
+            except (pa.ArrowException, OSError):
+                return path
+        return None
+
+    def quarantine(self, path: str, reason: str) -> None:
+        """Move an unreadable file out of its table to ``quarantine/<table>/``, with one warning line."""
+        table, name = path.rsplit("/", 2)[-2:]
+        folder = f"{self.path}/{QUARANTINE}/{table}"
+        self.fs.create_dir(folder, recursive=True)
+        try:
+            self.fs.move(path, f"{folder}/{name}")
+        except FileNotFoundError:  # another reader moved it first
+            return
+        print(f"dptune: warning: results-store file {table}/{name} is unreadable ({reason}); moved to "
+              f"{QUARANTINE}/{table}/ (`dptune resume` records its trial again)", file=sys.stderr)
+
+    def _register(self, con: duckdb.DuckDBPyConnection, name: str, paths: list[str]) -> str | None:
+        if not paths:
+            return None
+        con.register(name, self._read_with_filename(paths))
+        return name
+
+    def _read_with_filename(self, paths: list[str]) -> pa.Table:
+        """Files read by pyarrow as one table with a ``filename`` column (what read_parquet adds);
+        an unreadable one is quarantined and left out. An object store answers each file in a round
+        trip or two, so the files are fetched concurrently."""
+        def read(path: str) -> pa.Table | None:
+            try:
+                return pq.read_table(path, filesystem=self.fs)
+            except FileNotFoundError:
+                raise
+            except (pa.ArrowException, OSError) as exc:
+                self.quarantine(path, first_line(exc))
+                return None
+
+        with ThreadPoolExecutor(max_workers=max(1, min(READ_THREADS, len(paths)))) as pool:
+            tables = [(p, t) for p, t in zip(paths, pool.map(read, paths)) if t is not None]
+        if not tables:
+            return _arrow([]).append_column("filename", pa.array([], pa.string()))
+        return pa.concat_tables([t.append_column("filename", pa.array([p] * t.num_rows, pa.string()))
+                                 for p, t in tables], promote_options="permissive")
 
     def table(self, name: str) -> pd.DataFrame:
         """One whole view as a pandas frame (``trials``, ``epochs`` or ``gradnorms``)."""
@@ -268,18 +349,35 @@ def _newest(con: duckdb.DuckDBPyConnection, source: str, run: Callable[[str], T]
 
 
 def check_read_only(sql: str) -> None:
-    """Refuse, before anything runs, SQL that is not exactly one SELECT (or EXPLAIN) statement."""
+    """Refuse, before anything runs, SQL that is not exactly one SELECT statement or an EXPLAIN
+    [ANALYZE] of one (``EXPLAIN ANALYZE COPY …`` runs the COPY: the explained statement is checked)."""
+    statement = _one_statement(sql)
+    if statement.type == duckdb.StatementType.EXPLAIN:
+        prefix = EXPLAIN_PREFIX.match(statement.query)
+        if prefix is None:   # a comment before EXPLAIN, or options we do not read: not read as safe
+            raise QueryRefused("refused: write EXPLAIN [ANALYZE] directly before the SELECT it explains "
+                               "(no comment before it)")
+        statement = _one_statement(statement.query[prefix.end():])
+    kind = statement.type
+    if kind not in READ_ONLY_STATEMENTS:
+        name = "INSTALL/LOAD" if kind.name == "LOAD" else kind.name
+        raise QueryRefused(f"refused: {name} statement: the results store is read-only; a query is one "
+                           "SELECT (or EXPLAIN of one) over the views trials, epochs and gradnorms")
+
+
+def _one_statement(sql: str) -> "duckdb.Statement":
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
         raise UserError(f"query failed: {str(exc).splitlines()[0]}") from None
     if len(statements) != 1:
         raise QueryRefused(f"refused: give one SQL statement; got {len(statements)}")
-    kind = statements[0].type
-    if kind not in READ_ONLY_STATEMENTS:
-        name = "INSTALL/LOAD" if kind.name == "LOAD" else kind.name
-        raise QueryRefused(f"refused: {name} statement: the results store is read-only; a query is one "
-                           "SELECT (or EXPLAIN) over the views trials, epochs and gradnorms")
+    try:
+        statements[0].type
+    except ValueError:  # a statement type this DuckDB binding cannot name (e.g. UPDATE EXTENSIONS)
+        raise QueryRefused("refused: not a SELECT statement (a query is one SELECT, or EXPLAIN of one, over "
+                           "the views trials, epochs and gradnorms)") from None
+    return statements[0]
 
 
 def _arrow(rows: list[dict]) -> pa.Table:
@@ -322,22 +420,6 @@ def _parquet_sql(paths: Iterable[str]) -> str | None:
     if len(scans) == 1:
         return scans[0]
     return "(" + " UNION ALL BY NAME ".join(f"SELECT * FROM {scan}" for scan in scans) + ") AS files"
-
-
-def _register(con: duckdb.DuckDBPyConnection, name: str, fs: pafs.FileSystem, paths: list[str]) -> str | None:
-    if not paths:
-        return None
-    con.register(name, _read_with_filename(fs, paths))
-    return name
-
-
-def _read_with_filename(fs: pafs.FileSystem, paths: list[str]) -> pa.Table:
-    """Files read by pyarrow as one table with a ``filename`` column (what read_parquet adds). An
-    object store answers each file in a round trip or two, so the files are fetched concurrently."""
-    with ThreadPoolExecutor(max_workers=max(1, min(READ_THREADS, len(paths)))) as pool:
-        tables = list(pool.map(lambda p: pq.read_table(p, filesystem=fs), paths))
-    tables = [t.append_column("filename", pa.array([p] * t.num_rows, pa.string())) for p, t in zip(paths, tables)]
-    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def to_json(value: object) -> str:

@@ -6,7 +6,6 @@ state Ray Tune checkpoints with the experiment, so `resume` continues the same s
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,11 +21,13 @@ from .catalog import trainables_catalog
 from .equivalence import EquivalenceLog, write_equivalent_rows
 from .kept import keeping, kept_results
 from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
+from .durable import read_json, write_json
 from .layout import PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
 from .ray_tasks import RayTasks
 from .schedulers import build_scheduler
-from .searcher import SweepSearcher
+from .searcher import RESTORED, SweepSearcher
 from .selection import release_selections
+from .storage_check import check_storage
 from .store import ResultsStore
 from .trainable import dp_trainable
 
@@ -42,6 +43,9 @@ class SweepOutcome:
     finished: int
     errored: int
     results: tune.ResultGrid | None = None
+    #: planned trials that have not ended (handed out and lost, queued, cells with configurations
+    #: left): 0 for a complete sweep; `dptune resume` runs the rest
+    unrun: int = 0
 
 
 def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool = True,
@@ -49,13 +53,15 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
             check: Callable[[RunSettings], None] | None = None) -> tuple[SweepPlan, RunSettings]:
     """Validate and plan a spec (the embedded default when None) before any trial is launched.
 
-    ``check`` vets the run settings before anything starts (e.g. refuses an earlier run's folder).
+    ``check`` vets the run settings before anything starts (e.g. refuses an earlier run's folder);
+    the storage must take a write first.
     With ``address`` (a Ray cluster), the σ the plan lacks are calibrated as Ray tasks across it;
     with ``start_local_ray``, local Ray starts while they are calibrated (in other processes): a
     sweep's first trial then waits for neither in turn."""
     spec = load_spec(spec_path or DEFAULT_SPEC, trainables_catalog())
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
                            resources=spec["resources"], max_failures=spec["failure"])
+    check_storage(settings.storage)
     if check is not None:
         check(settings)
     if address:
@@ -81,27 +87,30 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
     start_ray(address)
     scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode="max")
+    searcher = SweepSearcher(plan, metric=plan.metric, mode="max", on_equivalent=EquivalenceLog(settings.paths.absolute()))
     tuner = tune.Tuner(
         resourced(settings) if trainable is None else resourced(settings, trainable),
-        tune_config=tune.TuneConfig(search_alg=SweepSearcher(plan, metric=plan.metric, mode="max",
-                                                             on_equivalent=EquivalenceLog(settings.paths.absolute())),
+        tune_config=tune.TuneConfig(search_alg=searcher,
                                     num_samples=-1,
                                     scheduler=scheduler, reuse_actors=True,
                                     max_concurrent_trials=max_concurrent(settings)),
         run_config=run_config(settings, plan.num_trials),
     )
+    settings.paths.create(owner_only=plan.space.selection.private)
     _save_settings(settings)
     _save_plan(plan, settings)
     print(f"dptune: running {plan.num_trials} trials; experiment at {settings.paths.root}\n"
           f"        if this is interrupted, continue with: dptune resume {settings.paths.root}", file=out)
-    return _outcome(tuner.fit(), settings, out)
+    return _outcome(tuner.fit(), settings, searcher, out)
 
 
 def resume_sweep(root: str, *, restart_errored: bool = False, address: str | None = None,
                  out: TextIO = sys.stdout, trainable: Callable[[dict], None] | None = None) -> SweepOutcome:
     """Continue an interrupted sweep: unfinished trials resume from their checkpoints, errored
     ones resume (or restart from scratch), finished ones are kept; the searcher's state is restored.
-    A configuration the results store holds as ended is not trained again (see :mod:`.kept`)."""
+    A configuration the results store holds as ended is not trained again (see :mod:`.kept`); one
+    the searcher handed out before the kill that Ray Tune's snapshot lost is trained now (see
+    :func:`.searcher.reconcile_restored`)."""
     paths = ExperimentPaths(root).absolute()
     if not tune.Tuner.can_restore(paths.root):
         raise UserError(f"no restorable experiment at {root!r}: pass the folder "
@@ -110,18 +119,20 @@ def resume_sweep(root: str, *, restart_errored: bool = False, address: str | Non
     settings = _load_settings(paths)
     kept = kept_results(ResultsStore(settings.paths.store))  # what ended, even if Ray's snapshot lags
     function = keeping(trainable or dp_trainable, kept)
+    RESTORED.clear()   # the searcher Ray Tune restores for this resume registers itself here
     tuner = tune.Tuner.restore(paths.root, resourced(settings, function), resume_unfinished=True,
                                resume_errored=not restart_errored, restart_errored=restart_errored)
     print(f"dptune: resuming {paths.root}", file=out)
-    return _outcome(tuner.fit(), settings, out)
+    results = tuner.fit()
+    searcher = RESTORED[-1] if RESTORED else None
+    RESTORED.clear()
+    return _outcome(results, settings, searcher, out)
 
 
 def _save_settings(settings: RunSettings) -> None:
     """Keep the run settings beside Ray's experiment state, so `resume` uses the same resources."""
     fs, root = settings.paths.filesystem()
-    fs.create_dir(root, recursive=True)
-    with fs.open_output_stream(f"{root}/{SETTINGS_FILE}") as f:
-        f.write(json.dumps(dataclasses.asdict(settings)).encode())
+    write_json(fs, f"{root}/{SETTINGS_FILE}", dataclasses.asdict(settings))
 
 
 def plan_record(plan: SweepPlan) -> dict:
@@ -139,25 +150,27 @@ def plan_record(plan: SweepPlan) -> dict:
 def _save_plan(plan: SweepPlan, settings: RunSettings) -> None:
     """Keep the plan beside the store, so `dptune report` draws the rules the sweep used."""
     fs, root = settings.paths.filesystem()
-    fs.create_dir(root, recursive=True)
-    with fs.open_output_stream(f"{root}/{PLAN_FILE}") as f:
-        f.write(json.dumps(plan_record(plan), indent=1).encode())
+    write_json(fs, f"{root}/{PLAN_FILE}", plan_record(plan), indent=1)
 
 
 def _load_settings(paths: ExperimentPaths) -> RunSettings:
     fs, root = paths.filesystem()
-    try:
-        with fs.open_input_stream(f"{root}/{SETTINGS_FILE}") as f:
-            return RunSettings.from_dict(json.loads(f.read()))
-    except FileNotFoundError:
-        raise UserError(f"{paths.root} was not started by `dptune sweep` (no {SETTINGS_FILE})") from None
+    saved = read_json(fs, f"{root}/{SETTINGS_FILE}", "the run settings")
+    if saved is None:
+        raise UserError(f"{paths.root} was not started by `dptune sweep` (no {SETTINGS_FILE})")
+    return RunSettings.from_dict(saved)
 
 
-def _outcome(results: tune.ResultGrid, settings: RunSettings, out: TextIO = sys.stdout) -> SweepOutcome:
+def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSearcher | None,
+             out: TextIO = sys.stdout) -> SweepOutcome:
     write_equivalent_rows(settings.paths.absolute())   # clip-equivalent trials: recorded, not trained
     release_selections(results, settings.paths.absolute(), out=out)   # private selection: best trial, tested once
     errored = sum(r.error is not None for r in results)  # stopped trials count as finished here
-    return SweepOutcome(settings.paths, len(results) - errored, errored, results)
+    unrun = searcher.unrun() if searcher is not None else 0
+    if unrun:
+        print(f"dptune: the plan is not complete: {unrun} planned trial(s) did not run; "
+              f"`dptune resume {settings.paths.root}` runs them", file=out)
+    return SweepOutcome(settings.paths, len(results) - errored, errored, results, unrun)
 
 
 def summary_table(store: str) -> str:

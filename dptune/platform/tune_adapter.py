@@ -64,5 +64,5 @@ def checkpoint_state(checkpoint: tune.Checkpoint | None) -> dict[str, Any] | Non
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
-        return torch.load(os.path.join(directory, STATE_FILE), weights_only=False, map_location="cpu")
+        return torch.load(os.path.join(directory, STATE_FILE), weights_only=True, map_location="cpu")
 

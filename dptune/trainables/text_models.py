@@ -136,15 +136,15 @@ def create_text_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
         raise UserError(f"attention must be one of {', '.join(ATTENTION)}; got {attention!r}")
     _register_attention()
     source = _source(name, weights)
-    overrides = {"num_labels": num_classes, **overrides}
     with hub_access(), _quiet_transformers():
         if weights == "random" and name in RANDOM_INIT_TYPES:
-            config = AutoConfig.for_model(RANDOM_INIT_TYPES[name], **overrides)
+            config = AutoConfig.for_model(RANDOM_INIT_TYPES[name], num_labels=num_classes)
         else:
-            try:
-                config = AutoConfig.from_pretrained(source, **overrides)
+            try:   # never trust_remote_code: a checkpoint's own code does not run
+                config = AutoConfig.from_pretrained(source, num_labels=num_classes)
             except OSError:
                 raise unavailable("model", name, f"its config ({source})", _how(source)) from None
+        _override(config, name, overrides)
         implementation = ATTENTION[attention]
         if weights == "random":
             model = AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation)
@@ -162,6 +162,20 @@ def create_text_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
     lora = LoraSettings(lora_rank, lora_alpha, lora_dropout, tuple(targets))
     model = apply_peft(model, peft, head=sorted(heads), lora=lora)
     return model.train()
+
+
+def _override(config: object, name: str, overrides: dict) -> None:
+    """Set a spec's model options on the model config; only the config's own settings are allowed
+    (no loading options such as ``trust_remote_code`` or ``revision``: they change what code or
+    which files are loaded, not the model)."""
+    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise UserError(f"model {name!r}: model options {', '.join(unknown)} are not settings of its "
+                        f"{config.model_type} config (allowed: the keys of its config.json, e.g. "
+                        f"{', '.join(sorted(config.to_dict())[:6])})")
+    for key, value in overrides.items():
+        setattr(config, key, value)
 
 
 def _peft_default_targets(model_type: str) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 """Driver failure: `dptune sweep` SIGKILLed mid-sweep (at a named point of its cycle: right after it
 recorded its second trial); `dptune resume` completes it exactly once."""
+import json
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ import yaml
 from dptune.platform.store import ResultsStore
 
 SPEC = {
-    "experiment": "drv", "axes": {"epsilon": [2, 8], "backbone": ["mlp"], "dataset": ["digits"], "epochs": [4]},
+    "experiment": "drv", "axes": {"epsilon": [2, 8], "backbone": ["mlp"], "dataset": ["digits"], "epochs": [2]},
     "clip_bound": [0.5, 2], "batch_size": [128, 256], "learning_rate": {"reference": 1.0, "reference_batch_size": 128, "multipliers": [1]},
     "pruning": {"min_steps": 5, "plateau_tol": 0.5, "max_batch_sizes": 2}, "search": {"algorithm": "grid"},
     "resources": {"cpu": 1}, "failure": {"max_failures": 1},
@@ -78,3 +79,46 @@ def test_resume_after_the_driver_is_killed(tmp_path):
     finished_before = before[before.status == "finished"]
     for column in ("accuracy", "train_time_s", "epsilon_spent"):
         assert (after.loc[finished_before.index, column] == finished_before[column]).all(), column
+
+
+def drop_unended_trials(experiment: Path) -> int:
+    """Make Ray Tune's trial snapshot lag the searcher's, as an S3 upload cut by a kill leaves it:
+    the trials after the first that had not ended are removed from the trial list (the searcher's
+    state, written just after it, still has them handed out; Ray Tune cannot restore an empty
+    list). Returns how many were removed."""
+    dropped = 0
+    for path in experiment.glob("experiment_state-*.json"):
+        state = json.loads(path.read_text())
+        first, *rest = state["trial_data"]
+        kept = [first, *(t for t in rest if json.loads(t[0])["status"] in ("TERMINATED", "ERROR"))]
+        dropped += len(state["trial_data"]) - len(kept)
+        path.write_text(json.dumps({**state, "trial_data": kept}))
+    return dropped
+
+
+def test_resume_trains_what_the_searcher_handed_out_and_the_trial_snapshot_lost(tmp_path):
+    """Issue 23: `dptune resume` after a kill once trials were handed out, with Ray Tune's trial list
+    older than the searcher's state: every planned configuration ends exactly once (before the fix,
+    the lost ones were never trained and resume exited 0). The kill is at the searcher's third
+    snapshot: Ray Tune adds one trial per step and snapshots each step, so two trials are out."""
+    small = {**SPEC, "experiment": "lag", "axes": {**SPEC["axes"], "epsilon": [2]}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({**small, "storage": str(tmp_path / "results")}))
+    ray_dir = tempfile.mkdtemp(prefix="rt")
+    experiment = tmp_path / "results" / "lag"
+    log = open(tmp_path / "sweep.log", "w")
+    try:
+        sweep = dptune(["sweep", str(spec), "--quiet"], ray_dir, log,
+                       env={**os.environ, "DPTUNE_FAULTS": "searcher_saved@3=kill"})
+        killed_at(sweep, tmp_path / "sweep.log")
+        kill_tree(ray_dir)
+        assert drop_unended_trials(experiment) >= 1
+        resume = dptune(["resume", str(experiment)], ray_dir, log)
+        assert resume.wait(timeout=600) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    finally:
+        log.close()
+        kill_tree(ray_dir)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    after = ResultsStore(str(experiment / "store")).table("trials")
+    assert len(after) == 4 and (after.status == "finished").all()
+    assert len(after.groupby(["clip_bound", "batch_size"])) == 4

@@ -19,7 +19,8 @@ def stored(tmp_path, **row) -> str:
     ({"randomness": "reproducible"}, "reproducible randomness"),
     ({"randomness": None}, "reproducible randomness"),
     ({"epsilon": float("inf"), "private": False}, "non-private baseline"),
-    ({"status": "error"}, "not finished")])
+    ({"status": "error"}, "not finished"),
+    ({"selection_k": 3, "selected": False}, "was not selected")])
 def test_export_refuses_what_is_not_a_private_release(tmp_path, row, refusal):
     with pytest.raises(UserError, match=refusal):
         export_release(stored(tmp_path, **row), str(tmp_path / "out"), trial_id="t1")

@@ -7,6 +7,7 @@ import glob
 import io
 import os
 
+import duckdb
 import pyarrow.fs as pafs
 import pytest
 
@@ -39,6 +40,23 @@ def forbidden(tmp_path, store_dir: str) -> dict[str, str]:
         "PRAGMA enable_profiling": None,
         f"CREATE TABLE t AS SELECT * FROM trials": None,
         "SELECT 1; SELECT 2": None,
+        # issue 23: EXPLAIN ANALYZE runs the statement it explains; a forged row in the store
+        f"EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{store_dir}/trials/evil.parquet'": f"{store_dir}/trials/evil.parquet",
+        f"explain analyze copy (select 1 as x) to '{store_dir}/trials/evil2.parquet'": f"{store_dir}/trials/evil2.parquet",
+        f"EXPLAIN (FORMAT json) COPY (SELECT 1) TO '{store_dir}/trials/e3.parquet'": f"{store_dir}/trials/e3.parquet",
+        f"/* hidden */ EXPLAIN ANALYZE COPY (SELECT 1) TO '{inside}'": inside,
+        "EXPLAIN ANALYZE CREATE TABLE t AS SELECT * FROM trials": None,
+        "EXPLAIN ANALYZE SELECT 1; SELECT 2": None,
+        # a comment hiding a second statement
+        f"SELECT 1 -- harmless\n; COPY (SELECT 1) TO '{tmp_path}/c1.csv'": str(tmp_path / "c1.csv"),
+        f"SELECT 1 /* ; */; COPY (SELECT 1) TO '{tmp_path}/c2.csv'": str(tmp_path / "c2.csv"),
+        "CALL pragma_version()": None, "CHECKPOINT": None, "VACUUM": None, "ANALYZE": None,
+        "DETACH memory": None, "USE memory": None, "RESET threads": None, "SET VARIABLE x = 1": None,
+        "BEGIN": None, "DROP VIEW trials": None, "ALTER VIEW trials RENAME TO x": None,
+        "INSERT INTO trials VALUES (1)": None, "UPDATE trials SET accuracy = 1": None, "DELETE FROM trials": None,
+        "CREATE MACRO m() AS 1": None, "PREPARE p AS SELECT 1": None, "CREATE SECRET s (TYPE s3)": None,
+        "FORCE INSTALL httpfs": None, "UPDATE EXTENSIONS": None, f"LOAD '{tmp_path}/x.duckdb_extension'": None,
+        f"IMPORT DATABASE '{tmp_path}/dump'": None, f"COPY FROM DATABASE memory TO x": None,
     }
 
 
@@ -48,15 +66,23 @@ def reads_outside(tmp_path, store_dir: str) -> list[str]:
             f"SELECT * FROM read_blob('{secret}')", "SELECT * FROM read_text('/etc/hostname')",
             f"SELECT * FROM glob('{tmp_path}/*')",
             f"SELECT * FROM read_csv('{store_dir}/../../secret.csv')",   # a path that climbs out
-            "SELECT * FROM read_parquet('s3://bucket/x.parquet')"]
+            "SELECT * FROM read_parquet('s3://bucket/x.parquet')",
+            f"SELECT * FROM '{secret}'",                                   # a replacement scan of a path
+            f"FROM '{tmp_path}/*.csv'"]
 
 
 def test_writes_attach_install_load_and_set_are_refused_in_one_line(store, tmp_path):
+    files = sorted(glob.glob(f"{store.path}/**", recursive=True))
     for sql, path in forbidden(tmp_path, store.path).items():
         with pytest.raises(QueryRefused) as info:
             store.query(sql)
         assert "\n" not in str(info.value) and str(info.value).startswith("refused: "), sql
         assert path is None or not os.path.exists(path), sql
+    assert sorted(glob.glob(f"{store.path}/**", recursive=True)) == files   # nothing written, nothing forged
+    assert store.query("SELECT count(*) AS n FROM trials")["n"].tolist() == [2]
+    with pytest.raises(duckdb.ParserException, match="single SELECT"):   # query(): it runs a SELECT only
+        store.query(f"SELECT * FROM query('COPY (SELECT 1) TO ''{tmp_path}/q.csv''')")
+    assert not (tmp_path / "q.csv").exists()
 
 
 def test_reading_outside_the_store_is_refused(store, tmp_path):
@@ -68,8 +94,6 @@ def test_reading_outside_the_store_is_refused(store, tmp_path):
 
 def test_the_connection_itself_is_locked(store, tmp_path):
     """Second line of defence, below the statement check: DuckDB's own configuration."""
-    import duckdb
-
     with store.connect() as con:
         with pytest.raises(duckdb.PermissionException):
             con.execute(f"COPY (SELECT 1) TO '{tmp_path}/y.csv'")

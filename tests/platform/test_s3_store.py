@@ -72,3 +72,33 @@ def test_a_failed_write_never_publishes_part_of_a_file(s3, monkeypatch):
     fresh = ResultsStore(root)
     assert fresh.query("SELECT count(*) AS n, sum(accuracy) AS s FROM epochs").values.tolist() == [[100, 4950.0]]
     assert fresh.query("SELECT trial_id, accuracy FROM trials").values.tolist() == [["t0", 0.3]]
+
+
+def test_the_escape_table_on_s3_and_a_damaged_object_is_quarantined(s3, tmp_path, capsys):
+    """Issue 23 on the real S3 server: every statement of the escape table is refused and forges no
+    row; an unreadable object is moved to quarantine/ with one warning and the queries answer."""
+    from test_query_readonly import forbidden, reads_outside
+
+    from dptune.platform.store import QUARANTINE, QueryRefused
+    from dptune.platform.storage_check import check_storage
+
+    store = ResultsStore(ExperimentPaths.of(s3.uri("escape"), "exp").store)
+    for i in range(3):
+        store.write_trial({"trial_id": f"t{i}", "config_id": f"c{i}", "accuracy": i / 10})
+    (tmp_path / "secret.csv").write_text("password\nhunter2\n")
+    for sql in [*forbidden(tmp_path, store.path), *reads_outside(tmp_path, store.path)]:
+        with pytest.raises(QueryRefused):
+            store.query(sql)
+    assert store.query("SELECT count(*) AS n FROM trials")["n"].tolist() == [3]
+    fs = s3.filesystem()
+    victim = next(i.path for i in fs.get_file_info(pafs.FileSelector(f"{store.path}/trials"))
+                  if "trial-t1." in i.path)
+    with fs.open_output_stream(victim) as f:
+        f.write(b"PAR1 not really")
+    assert sorted(store.query("SELECT trial_id FROM trials").trial_id) == ["t0", "t2"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and victim.rsplit("/", 1)[-1] in err[0]
+    moved = fs.get_file_info(f"{store.path}/{QUARANTINE}/trials/{victim.rsplit('/', 1)[-1]}")
+    assert moved.type == pafs.FileType.File
+    with pytest.raises(Exception, match="^storage s3://missing-bucket-x/y cannot take the sweep's files"):
+        check_storage("s3://missing-bucket-x/y")

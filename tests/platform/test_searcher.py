@@ -193,3 +193,44 @@ def test_repeats_are_never_trained_twice_and_every_proposal_is_answered(optuna_p
                        catalog, workers=1)
     sequential = run(SweepSearcher(small, metric="accuracy"))
     assert len(sequential) == len({key(t) for t in sequential}) <= 4
+
+
+def test_a_restored_searcher_hands_out_again_what_the_trial_snapshot_lost(catalog, toy_spec, tmp_path):
+    """Issue 23: the searcher's and Ray Tune's snapshots are written one after the other; after a kill
+    the searcher can hold trials the restored trial list lacks (lost: handed out again) and trials the
+    list holds as ended (reported: Ray Tune will not report them again). Every configuration of the
+    plan then ends exactly once, as in an uninterrupted run."""
+    from ray.tune.experiment import Trial
+
+    from dptune.platform.searcher import RESTORED, reconcile_restored
+
+    plan = plan_sweep(load_spec(toy_spec(), catalog), catalog, workers=1)
+    uninterrupted = sorted(key(t) + (t["epsilon"],) for t in run(SweepSearcher(plan, metric="accuracy",
+                                                                               clip_equivalence=False)))
+    before = SweepSearcher(plan, metric="accuracy", clip_equivalence=False)
+    ended = run(before, limit=4)                                             # t0..t3 reported
+    handed = {f"t{i}": before.suggest(f"t{i}") for i in range(4, 8)}         # t4..t7 handed out
+    before.save(str(tmp_path / "searcher.pkl"))
+    after = SweepSearcher(plan, metric="accuracy", clip_equivalence=False)
+    RESTORED.clear()
+    after.restore(str(tmp_path / "searcher.pkl"))
+    # Ray Tune's snapshot: t4 ended meanwhile, t5 still running, t6 and t7 lost
+    snapshot = []
+    for trial_id, status in (("t4", Trial.TERMINATED), ("t5", Trial.PENDING)):
+        trial = Trial("dp_trainable", stub=True, trial_id=trial_id, config=handed[trial_id])
+        trial.set_status(status)
+        trial.update_last_result({"accuracy": objective(handed[trial_id])})
+        snapshot.append(trial)
+    reconcile_restored(snapshot)
+    reconcile_restored(snapshot)                                              # once only
+    RESTORED.clear()
+    assert after.unrun() > 0
+    again = [after.suggest("r0"), after.suggest("r1")]
+    assert [key(c) for c in again] == [key(handed["t6"]), key(handed["t7"])]  # lost ones first
+    after.on_trial_complete("r0", {"accuracy": objective(again[0])})
+    after.on_trial_complete("r1", {"accuracy": objective(again[1])})
+    after.on_trial_complete("t5", {"accuracy": objective(handed["t5"])})
+    rest = run(after, start=100)
+    assert after.unrun() == 0
+    total = ended + [handed[t] for t in ("t4", "t5")] + again + rest
+    assert sorted(key(t) + (t["epsilon"],) for t in total) == uninterrupted

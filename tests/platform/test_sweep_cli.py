@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import ray
 
 from dptune.cli import EXIT_USAGE, _refuse_earlier_run, main
-from dptune.platform.layout import ExperimentPaths
+from dptune.errors import UserError
+from dptune.platform.layout import SETTINGS_FILE, ExperimentPaths
 from dptune.platform.store import ResultsStore
 
 TINY_SPEC = """
@@ -39,6 +41,15 @@ def test_overwrite_deletes_the_earlier_run_and_an_empty_folder_is_fine(tmp_path)
     (tmp_path / "exp").mkdir()
     _refuse_earlier_run(paths, overwrite=False, out=io.StringIO())  # empty: nothing to mix with
     ResultsStore(paths.store).write_trial({"trial_id": "t0"})
+    (tmp_path / "exp" / SETTINGS_FILE).write_text("{}")
     out = io.StringIO()
     _refuse_earlier_run(paths, overwrite=True, out=out)
     assert not (tmp_path / "exp").exists() and "deleting the earlier run" in out.getvalue()
+
+
+def test_overwrite_deletes_nothing_but_a_dptune_run(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "main.py").write_text("print('mine')")
+    with pytest.raises(UserError, match="deletes only an earlier dptune run"):
+        _refuse_earlier_run(ExperimentPaths.of(str(tmp_path), "src"), overwrite=True, out=io.StringIO())
+    assert (tmp_path / "src" / "main.py").read_text() == "print('mine')"
