@@ -51,28 +51,39 @@ def kill_tree(ray_dir):
             pass
 
 
-def test_resume_after_the_driver_is_killed(tmp_path):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({**SPEC, "storage": str(tmp_path / "results")}))
+def killed_then_resumed(tmp_path: Path, spec: dict, fault: str, between) -> Path:
+    """Run `dptune sweep` on ``spec`` until it kills itself at ``fault``, kill its Ray, call
+    ``between(experiment folder)``, then `dptune resume` it to its end; returns the experiment folder."""
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump({**spec, "storage": str(tmp_path / "results")}))
     ray_dir = tempfile.mkdtemp(prefix="rt")  # short: Ray's socket paths must fit 107 characters
-    store_dir = tmp_path / "results" / "drv" / "store"
+    experiment = tmp_path / "results" / spec["experiment"]
     log = open(tmp_path / "sweep.log", "w")
     try:
-        sweep = dptune(["sweep", str(spec), "--quiet"], ray_dir, log,
-                       env={**os.environ, "DPTUNE_FAULTS": "trial_recorded@2=kill"})
+        sweep = dptune(["sweep", str(spec_file), "--quiet"], ray_dir, log,
+                       env={**os.environ, "DPTUNE_FAULTS": fault})
         killed_at(sweep, tmp_path / "sweep.log")
         kill_tree(ray_dir)
-        before = ResultsStore(str(store_dir)).table("trials").set_index("trial_id")
-        assert len(before) == 2
-
-        resume = dptune(["resume", str(tmp_path / "results" / "drv")], ray_dir, log)
+        between(experiment)
+        resume = dptune(["resume", str(experiment)], ray_dir, log)
         assert resume.wait(timeout=600) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
     finally:
         log.close()
         kill_tree(ray_dir)
         shutil.rmtree(ray_dir, ignore_errors=True)
+    return experiment
 
-    after = ResultsStore(str(store_dir)).table("trials").set_index("trial_id")
+
+def test_resume_after_the_driver_is_killed(tmp_path):
+    stored = {}
+
+    def two_recorded(experiment: Path) -> None:
+        stored["before"] = ResultsStore(str(experiment / "store")).table("trials").set_index("trial_id")
+        assert len(stored["before"]) == 2
+
+    experiment = killed_then_resumed(tmp_path, SPEC, "trial_recorded@2=kill", two_recorded)
+    before = stored["before"]
+    after = ResultsStore(str(experiment / "store")).table("trials").set_index("trial_id")
     assert len(after) == N_TRIALS and after.index.is_unique and (after.status == "finished").all()
     assert after.cell.nunique() == 2 and len(after.groupby(["epsilon", "clip_bound", "batch_size"])) == N_TRIALS
     # trials that had finished before the kill were not trained again: same results, same training time
@@ -101,24 +112,11 @@ def test_resume_trains_what_the_searcher_handed_out_and_the_trial_snapshot_lost(
     older than the searcher's state: every planned configuration ends exactly once (before the fix,
     the lost ones were never trained and resume exited 0). The kill is at the searcher's third
     snapshot: Ray Tune adds one trial per step and snapshots each step, so two trials are out."""
-    small = {**SPEC, "experiment": "lag", "axes": {**SPEC["axes"], "epsilon": [2]}}
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({**small, "storage": str(tmp_path / "results")}))
-    ray_dir = tempfile.mkdtemp(prefix="rt")
-    experiment = tmp_path / "results" / "lag"
-    log = open(tmp_path / "sweep.log", "w")
-    try:
-        sweep = dptune(["sweep", str(spec), "--quiet"], ray_dir, log,
-                       env={**os.environ, "DPTUNE_FAULTS": "searcher_saved@3=kill"})
-        killed_at(sweep, tmp_path / "sweep.log")
-        kill_tree(ray_dir)
+    def lagging(experiment: Path) -> None:
         assert drop_unended_trials(experiment) >= 1
-        resume = dptune(["resume", str(experiment)], ray_dir, log)
-        assert resume.wait(timeout=600) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
-    finally:
-        log.close()
-        kill_tree(ray_dir)
-        shutil.rmtree(ray_dir, ignore_errors=True)
+
+    small = {**SPEC, "experiment": "lag", "axes": {**SPEC["axes"], "epsilon": [2]}}
+    experiment = killed_then_resumed(tmp_path, small, "searcher_saved@3=kill", lagging)
     after = ResultsStore(str(experiment / "store")).table("trials")
     assert len(after) == 4 and (after.status == "finished").all()
     assert len(after.groupby(["clip_bound", "batch_size"])) == 4
