@@ -258,9 +258,8 @@ class ResultsStore:
         cannot be read; when the message names no file, each file is read to find it."""
         files = [f.path for table in TABLES for f in self._files(table)]
         named = NAMED_FILE.search(str(error))
-        if named is not None:
-            matches = [f for f in files if f == named.group(1) or self._reachable(f) == os.path.abspath(named.group(1))]
-            return matches[0] if matches else None
+        if named is not None:   # only that file, and only if pyarrow cannot read it either
+            files = [f for f in files if f == named.group(1) or self._reachable(f) == os.path.abspath(named.group(1))]
         for path in files:
             try:
                 pq.read_table(path, filesystem=self.fs)
