@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .cache import cached, make_key
 from .mechanisms import step_prvs
-from .prv import compose_epsilon
+from .prv import compose_epsilon, compose_epsilons
 from .validation import check_delta, check_estimator, check_noise_multiplier, check_sample_rate, check_steps
 
 
@@ -41,3 +42,30 @@ def worst_direction_epsilon(sigma: float, delta: float, q: float, steps: int, no
         if worst > stop_above:
             break
     return worst
+
+
+def epsilon_curve(noise_multiplier: float, delta: float, sample_rate: float, steps: Sequence[int], *,
+                  norm_estimator: str = "exact", sketch_k: int | None = None) -> list[float]:
+    """Upper bounds on ε after each step count in ``steps`` (e.g. a run's epoch ends), as
+    :func:`epsilon_spent` gives them but from one discretisation on the mesh of the largest count
+    (:func:`~dptune.privacy.prv.compose_epsilons`): a run's per-epoch ε costs about one evaluation
+    instead of one per epoch. Each value is cached."""
+    sigma = check_noise_multiplier(noise_multiplier)
+    delta = check_delta(delta)
+    q = check_sample_rate(sample_rate)
+    counts = [check_steps(t) for t in steps]
+    norm_estimator, sketch_k = check_estimator(norm_estimator, sketch_k)
+    if sigma == 0.0:
+        return [math.inf] * len(counts)
+    top = max(counts)
+    curve: list[float] = []
+
+    def point(i: int) -> float:
+        if not curve:   # the first value the cache lacks computes them all
+            prvs = step_prvs(norm_estimator, sigma, q, sketch_k, delta=delta, steps=top)
+            curve.extend(map(max, zip(*(compose_epsilons(prv, counts, delta) for prv in prvs))))
+        return curve[i]
+
+    return [cached(make_key("epsilon_curve", sigma=sigma, delta=delta, q=q, steps=t, mesh_steps=top,
+                            estimator=norm_estimator, k=sketch_k), lambda i=i: point(i))
+            for i, t in enumerate(counts)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 from prv_accountant.composers import Fourier
@@ -190,17 +190,31 @@ def _fft_friendly(domain: Domain) -> Domain:
 def compose_epsilon(prv: StepPRV, steps: int, delta: float, *, eps_error: float = EPS_ERROR) -> float:
     """Upper bound on ε after ``steps`` self-compositions of ``prv`` at ``delta`` (∞ when the
     mass at infinity, 1 − (1 − pm_inf)^T, already exceeds δ)."""
+    return compose_epsilons(prv, [steps], delta, eps_error=eps_error)[0]
+
+
+def compose_epsilons(prv: StepPRV, steps: Sequence[int], delta: float, *,
+                     eps_error: float = EPS_ERROR) -> list[float]:
+    """Upper bounds on ε after each of ``steps`` self-compositions (e.g. every epoch's end), from one
+    discretisation: the domain and mesh are those the largest count needs, which are wider and finer
+    than a smaller count needs, so every value keeps its guarantee and its error bound; the largest
+    count's value is :func:`compose_epsilon`'s own. One discretisation and one FFT per count, where
+    separate calls would discretise once per count."""
+    top = max(steps)
     delta_error = delta / 1000
-    L = _domain_half_width(prv, steps, delta_error, eps_error)
-    mesh = eps_error / math.sqrt(steps / 2 * math.log(12 / delta_error))
+    L = _domain_half_width(prv, top, delta_error, eps_error)
+    mesh = eps_error / math.sqrt(top / 2 * math.log(12 / delta_error))
     if 2 * L / mesh > MAX_DOMAIN_POINTS:
-        return _rdp_fallback(prv, steps, delta)
+        return [_rdp_fallback(prv, t, delta) for t in steps]
     domain = _fft_friendly(Domain.create_aligned(-L, L, mesh))
     dprv = discretise(prv, domain)
     dprv = DiscretePrivacyRandomVariable(dprv.pmf, dprv.domain, log_pmc_inf=math.log1p(-getattr(prv, "pm_inf", 0.0)))
-    composed = Fourier([dprv]).compute_composition([steps])
-    try:
-        return float(composed.compute_epsilon(delta, delta_error, eps_error)[2])
-    except (RuntimeError, ValueError):
-        # δ too small for the mesh's floating point, or ε beyond the domain: RDP is still valid.
-        return _rdp_fallback(prv, steps, delta)
+    composer = Fourier([dprv])
+    epsilons = []
+    for t in steps:
+        try:
+            epsilons.append(float(composer.compute_composition([t]).compute_epsilon(delta, delta_error, eps_error)[2]))
+        except (RuntimeError, ValueError):
+            # δ too small for the mesh's floating point, or ε beyond the domain: RDP is still valid.
+            epsilons.append(_rdp_fallback(prv, t, delta))
+    return epsilons

@@ -99,3 +99,31 @@ def test_a_registered_mechanism_is_a_valid_norm_estimator_and_others_are_listed(
     assert {"exact", "hutchinson", "hutchpp"} <= set(mechanisms.MECHANISMS)
     monkeypatch.setitem(mechanisms.MECHANISMS._entries, "magic", mechanisms.MECHANISMS.get("exact"))
     assert epsilon_spent(1.0, 1e-5, 0.1, 10, norm_estimator="magic", sketch_k=4) == epsilon_spent(1.0, 1e-5, 0.1, 10)
+
+
+@pytest.mark.parametrize("sigma", [1.0, 5.0])
+def test_epsilon_curve_bounds_the_exact_gaussian_at_every_count(sigma):
+    """Every point of a curve computed on the mesh of its largest count is still an upper bound on
+    the exact ε at its own count, within the accountant's allowance (q = 1: the T-fold Gaussian)."""
+    from dptune.privacy.accountant import epsilon_curve
+
+    counts = [1, 7, 25, 60, 200]
+    curve = epsilon_curve(sigma, 1e-5, 1.0, counts)
+    for t, ours in zip(counts, curve):
+        exact = _gaussian_epsilon(math.sqrt(t) / sigma, 1e-5)
+        assert exact <= ours <= exact + 0.021, t
+
+
+@pytest.mark.parametrize("sigma,q,counts", [(1.0, 0.02, [49, 98, 245, 489]), (6.7, 0.356, [3, 6, 9, 12, 23])])
+def test_epsilon_curve_matches_prv_accountant_at_every_count(sigma, q, counts):
+    """Each point against prv-accountant composed for that count alone; the last point is
+    epsilon_spent's own value (same mesh), so a run's final ε is what the planner calibrated."""
+    from dptune.privacy.accountant import epsilon_curve
+
+    curve = epsilon_curve(sigma, 1e-5, q, counts)
+    for t, ours in zip(counts, curve):
+        reference = PRVAccountant(prvs=[PoissonSubsampledGaussianMechanism(q, sigma)], eps_error=0.01,
+                                  delta_error=1e-8, max_self_compositions=[t])
+        assert ours == pytest.approx(reference.compute_epsilon(1e-5, [t])[2], abs=0.01), t
+    assert curve[-1] == epsilon_spent(sigma, 1e-5, q, counts[-1])
+    assert curve == sorted(curve)
