@@ -12,6 +12,7 @@ Run: python benchmarks/bench_default_sweep.py [--spec SPEC] [--log FILE]
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -20,17 +21,32 @@ import time
 from pathlib import Path
 
 
+def store_train_times(storage: str) -> list[float]:
+    """Each trial's time in its training steps, from the sweep's results store."""
+    from dptune.platform.store import ResultsStore
+
+    stores = list(Path(storage).glob("*/store"))
+    if not stores:
+        return []
+    trials = ResultsStore(str(stores[0])).table("trials")
+    return [float(t) for t in trials.get("train_time_s", []) if t == t]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", help="sweep spec (YAML) [the embedded default]")
     parser.add_argument("--log", help="write the sweep's output here")
+    parser.add_argument("--slots", type=int, default=2, help="trials the sweep runs at a time [%(default)s]")
+    parser.add_argument("--cold", action="store_true", help="an empty accountant cache (σ and ε computed afresh)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dptune-sweep-bench-") as storage:
         command = [sys.executable, "-m", "dptune", "sweep", *([str(Path(args.spec).resolve())] if args.spec else []),
                    "--storage", storage, "--quiet"]
         start = time.perf_counter()
-        proc = subprocess.run(command, cwd=storage, capture_output=True, text=True)
+        env = {**os.environ, **({"DPTUNE_CACHE_DIR": str(Path(storage) / "cache")} if args.cold else {})}
+        proc = subprocess.run(command, cwd=storage, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - start
+        train = store_train_times(storage)
     output = proc.stdout + proc.stderr
     if args.log:
         Path(args.log).write_text(output)
@@ -43,6 +59,15 @@ def main() -> None:
     finished, errored = map(int, counts.groups())
     print(f"dptune sweep ({spec}): {finished} trials finished, {errored} errored, exit {proc.returncode}; "
           f"wall {wall:.1f} s ({wall / max(finished + errored, 1):.1f} s per trial)")
+    # where the time goes: each trial's wall (its progress line, from start to end as the driver saw
+    # them) against its training steps (train_time_s in the store), and what is left of the sweep's
+    # wall outside the trials (start-up, calibration, closing), with `slots` trials at a time
+    walls = [float(w) for w in re.findall(r"^\[\d+/\d+\].*\((\d+\.\d+) s\)$", output, re.MULTILINE)]
+    if walls and train:
+        outside = wall - sum(walls) / args.slots
+        print(f"trials: {sum(walls):.1f} s of trial wall for {sum(train):.1f} s of training steps "
+              f"({sum(walls) / sum(train):.2f}x; goal <= 1.25x); outside the trials: {outside:.1f} s "
+              f"(with {args.slots} at a time; goal <= 5 s)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ B ∈ {32, 64, 128, 256, 512}, η = 2·√(B/128)·m with m ∈ {0.5, 1} (30 con
   every configuration.
 - **dptune**: ``dptune sweep`` of the same cell and grid with the default spec's pruning (σ√T plateau,
   minimum steps, two kept B spread across the plateau), the same with ASHA early stopping
-  (``search.scheduler: asha``), and ASHA over every B on the plateau (``dptune-asha-all-B``).
+  (``search.scheduler: asha``), and ASHA over every B on the plateau (``dptune-asha-all-B``); proxy runs
+  (``search.proxy``: every configuration at B/4 and σ/4, then the choice once at full scale), over the
+  two spread B and over every B (``dptune-proxy``, ``dptune-proxy-all-B``).
 
 Both run on local Ray with 2 concurrent one-CPU trials, one torch thread each. Reported: wall
 seconds from launch to the sweep's end (calibration, Ray start-up and pruning included), trials
@@ -39,7 +41,9 @@ CLIPS, BATCHES, MULTIPLIERS = [0.1, 1, 10], [32, 64, 128, 256, 512], [0.5, 1]
 ETA_REF, B_REF = 2.0, 128
 #: dptune runs: the default spec's pruning (two plateau B: its ends), with ASHA, every B on the plateau,
 #: and every B with ASHA.
-RUNS = ["baseline", "dptune", "dptune-asha", "dptune-all-B", "dptune-asha-all-B"]
+RUNS = ["baseline", "dptune", "dptune-asha", "dptune-all-B", "dptune-asha-all-B", "dptune-proxy", "dptune-proxy-all-B"]
+#: The divisor of the proxy runs (``search.proxy.batch_divisor``) of the runs named ``…proxy…``.
+PROXY_DIVISOR = 4
 
 
 def baseline_trainable(config: dict) -> None:
@@ -100,16 +104,20 @@ def run_baseline(epochs: int, storage: str) -> dict:
         frame = results.get_dataframe()
     finally:
         ray.shutdown()
+    n = 1437   # digits' training images: every trial's T·B ≈ E·N per-sample gradients
     return {"wall_s": time.perf_counter() - start, "trials": len(frame), "trial_epochs": len(frame) * epochs,
+            "examples": sum(math.ceil(epochs * n / b) * b for b in frame["config/batch_size"]),
             "best_accuracy": best.metrics["accuracy"], "best_config": {k: best.config[k] for k in
                                                                        ("clip_bound", "batch_size", "learning_rate")}}
 
 
-def spec_text(epochs: int, scheduler: bool, capped: bool = True) -> str:
+def spec_text(epochs: int, scheduler: bool, capped: bool = True, proxy: int = 1) -> str:
     """The cell as a dptune sweep spec (the embedded default's grid and pruning, ε = 1 only);
-    ``capped=False`` searches every B on the σ√T plateau, not only two of them."""
-    search = "search: {algorithm: grid" + (", scheduler: {name: asha, grace_epochs: 1, reduction_factor: 3}}"
-                                           if scheduler else "}")
+    ``capped=False`` searches every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 ranks
+    at B/k and σ/k, then trains the choice at full scale."""
+    search = ("search: {algorithm: grid"
+              + (", scheduler: {name: asha, grace_epochs: 1, reduction_factor: 3}" if scheduler else "")
+              + (f", proxy: {{batch_divisor: {proxy}}}" if proxy > 1 else "") + "}")
     return f"""experiment: e2e
 axes: {{epsilon: [{EPSILON}], delta: {DELTA}, backbone: [cnn], dataset: [digits], epochs: [{epochs}]}}
 clip_bound: {CLIPS}
@@ -123,9 +131,9 @@ resources: {{cpu: 1, gpu: 0}}
 """
 
 
-def run_dptune(epochs: int, storage: str, scheduler: bool, capped: bool = True) -> dict:
+def run_dptune(epochs: int, storage: str, scheduler: bool, capped: bool = True, proxy: int = 1) -> dict:
     spec = Path(storage) / "spec.yaml"
-    spec.write_text(spec_text(epochs, scheduler, capped))
+    spec.write_text(spec_text(epochs, scheduler, capped, proxy))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTUNE_CACHE_DIR": str(Path(storage) / "cache")}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "dptune", "sweep", str(spec), "--storage", storage, "--quiet"],
@@ -135,13 +143,14 @@ def run_dptune(epochs: int, storage: str, scheduler: bool, capped: bool = True) 
         raise RuntimeError(f"dptune sweep failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     query = subprocess.run([sys.executable, "-m", "dptune", "query", "--format", "json", "--store",
                             str(Path(storage) / "e2e"),
-                            "SELECT status, accuracy, clip_bound, batch_size, learning_rate, epoch FROM trials"],
+                            "SELECT status, accuracy, clip_bound, batch_size, learning_rate, epoch, step FROM trials"],
                            capture_output=True, text=True, env=env)
     rows = json.loads(query.stdout)
-    finished = [r for r in rows if r["status"] == "finished"]
+    finished = [r for r in rows if r["status"] == "finished"]   # a proxy search's answer; proxies only rank
     best = max(finished, key=lambda r: r["accuracy"])
     return {"wall_s": wall, "trials": len(rows),
             "trial_epochs": sum(r["epoch"] or 0 for r in rows),
+            "examples": sum((r["step"] or 0) * r["batch_size"] for r in rows if r["status"] != "equivalent"),
             "stopped": sum(r["status"] == "stopped" for r in rows), "best_accuracy": best["accuracy"],
             "best_config": {k: best[k] for k in ("clip_bound", "batch_size", "learning_rate")}}
 
@@ -183,20 +192,22 @@ def main() -> None:
             try:
                 results[name] = (run_baseline(args.epochs, storage) if name == "baseline"
                                  else run_dptune(args.epochs, storage, scheduler="asha" in name,
-                                                 capped=not name.endswith("all-B")))
+                                                 capped=not name.endswith("all-B"),
+                                                 proxy=PROXY_DIVISOR if "proxy" in name else 1))
             except Exception as exc:  # e.g. a spec without schedulers: say so, keep the others
                 results[name] = {"error": str(exc).splitlines()[-1][:300]}
         print(name, json.dumps(results[name]), flush=True)
-    print("\n| run | wall s | trials | trial-epochs | best accuracy | speed-up vs baseline | gap (points) |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| run | wall s | trials | trial-epochs | examples (per-sample gradients) | best accuracy | speed-up vs baseline "
+          "| gap (points) |")
+    print("|---|---|---|---|---|---|---|---|")
     base = results.get("baseline", {})
     for name, r in results.items():
         if "error" in r:
-            print(f"| {name} | fails: {r['error']} | | | | | |")
+            print(f"| {name} | fails: {r['error']} | | | | | | |")
             continue
         speed = f"{base['wall_s'] / r['wall_s']:.2f}×" if "wall_s" in base else ""
         gap = f"{100 * (base['best_accuracy'] - r['best_accuracy']):+.1f}" if "best_accuracy" in base else ""
-        print(f"| {name} | {r['wall_s']:.0f} | {r['trials']} | {r['trial_epochs']} | {r['best_accuracy']:.4f} "
+        print(f"| {name} | {r['wall_s']:.0f} | {r['trials']} | {r['trial_epochs']} | {r['examples']:,} | {r['best_accuracy']:.4f} "
               f"| {speed} | {gap} |")
     if not args.reevaluate:
         return

@@ -20,7 +20,9 @@ Around a strategy:
 - :class:`WarmStart`: the cell's first proposal is a point given when the cell starts (the best
   finished configuration of a neighbouring cell, mapped into this one);
 - :class:`CellSearch` runs each configuration once per training seed and tells the strategy the
-  mean (private draws carry their own seed and run once).
+  mean (private draws carry their own seed and run once); under proxy runs (``search.proxy``) it
+  hands out the configurations at (B/k, σ/k, T) and, once they are all in, the best one at full
+  scale: the cell's answer.
 """
 from __future__ import annotations
 
@@ -181,10 +183,20 @@ class CellSearch:
         self.running: dict[str, _Running] = {}               # proposal id → its seeds' results so far
         self.handed_out = 0                                  # configurations handed out (or recorded equivalent)
         self.proposals = 0                                   # proposal ids used
+        #: proxy runs (search.proxy): the full-scale run of the best configuration, once the proxies
+        #: are in: None (not handed out), "running" or "done"; its mean metric is ``answer``
+        self.proxied = cell.proxy_divisor > 1
+        self.final: str | None = None
+        self.answer: Optional[float] = None
+
+    @property
+    def searched(self) -> bool:
+        """Every configuration of the search is handed out (or its search converged)."""
+        return self.handed_out >= self.cell.num_configurations
 
     @property
     def done(self) -> bool:
-        return self.handed_out >= self.cell.num_configurations
+        return self.searched and (not self.proxied or self.final == "done")
 
     def running_keys(self) -> set:
         return {r.key for r in self.running.values()}
@@ -194,10 +206,10 @@ class CellSearch:
         handed out, or its search converged)."""
         if self.done:
             return None
-        key = self.strategy.ask(self)
-        if key is None:                  # converged, or nothing left: the cell is done
+        key = None if self.searched else self.strategy.ask(self)
+        if key is None:                  # converged, or nothing left: the search is done
             self.handed_out = self.cell.num_configurations
-            return None
+            return self.propose_final() if self.proxied else None
         if key == WAIT:
             return WAIT
         pid = f"{self.cell.cell.key}#{self.proposals}"
@@ -207,11 +219,27 @@ class CellSearch:
         self.running[pid] = _Running(key, len(configs))
         return pid, configs
 
+    def propose_final(self) -> tuple[str, list[dict]] | str | None:
+        """A proxy search's answer: once every proxy run is in, the best configuration trained at
+        full scale, once per seed (WAIT while proxies run; None when no proxy gave a result)."""
+        if self.final is not None or self.running:
+            return WAIT if self.final != "done" else None
+        best = self.best()
+        if best is None:
+            self.final = "done"
+            return None
+        self.final = "running"
+        pid = f"{self.cell.cell.key}#final"
+        configs = [{**self.cell.trial_config(*self.cell.values(best[0]), seed), "final": True} for seed in self.seeds]
+        self.running[pid] = _Running(best[0], len(configs))
+        return pid, configs
+
     def trial_configs(self, key: object) -> list[dict]:
-        """A configuration's trials: one per seed (a private draw: its own)."""
+        """A configuration's trials: one per seed (a private draw: its own; under proxy runs, at B/k)."""
         if self.cell.private:
             return [self.cell.draw_config(key)]
-        return [self.cell.trial_config(*self.cell.values(key), seed) for seed in self.seeds]
+        configure = self.cell.proxy_config if self.proxied else self.cell.trial_config
+        return [configure(*self.cell.values(key), seed) for seed in self.seeds]
 
     def result(self, pid: str, seed: int, trial_id: str, value: Optional[float], fully_clipped: bool) -> list[dict]:
         """One trial's result; once all seeds of its configuration are in, the strategy is told the
@@ -225,6 +253,9 @@ class CellSearch:
             return []
         del self.running[pid]
         mean = None if None in running.values else sum(running.values) / len(running.values)
+        if pid.endswith("#final"):     # the answer of a proxy search: not a search result
+            self.final, self.answer = "done", mean
+            return []
         # a private draw is its (C, B, η) with its own seed; the others are their indices
         indices = self.cell.indices(*self.cell.draws[running.key][:3]) if self.cell.private else running.key
         self.finished[indices] = mean

@@ -53,11 +53,12 @@ def write_equivalent_rows(paths: ExperimentPaths) -> int:
     written = 0
     for e in equivalents:
         source, config = e["source"], e["config"]
-        if source not in trials.index or trials.loc[source, "status"] != "finished":
+        if source not in trials.index or trials.loc[source, "status"] not in ("finished", "proxy"):
             continue
         c = float(config["clip_bound"])
         row = {k: _plain(v) for k, v in trials.loc[source].items() if k != "written_at"}
-        row.update(trial_id=equivalent_id(source, c), status="equivalent", clip_bound=c, equivalent_to=source,
+        status = "equivalent" if row["status"] == "finished" else row["status"]   # a proxy's stays a proxy
+        row.update(trial_id=equivalent_id(source, c), status=status, clip_bound=c, equivalent_to=source,
                    clip_equivalence_nonprivate=True, config_json=to_json(resolved(config)),
                    config_id=config_id(config))  # its own configuration, not its source's
         curve = [{k: _plain(v) for k, v in r.items() if k not in ("trial_id", "written_at")}

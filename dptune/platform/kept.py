@@ -34,13 +34,14 @@ def config_id(config: dict) -> str:
 
 
 def kept_results(store: ResultsStore) -> dict[str, dict]:
-    """{config id: final result} of every trial the store holds as finished or stopped, whole (one
+    """{config id: final result} of every trial the store holds as finished, stopped or a finished
+    proxy run, whole (one
     recorded without its curve, its checkpoint lost, trains again if Ray Tune hands it out)."""
     trials = store.table("trials")
     if "config_id" not in trials.columns or "status" not in trials.columns:  # empty, or written before config ids
         return {}
     whole = trials.error.isna() if "error" in trials.columns else True
-    ended = trials[trials.status.isin(["finished", "stopped"]) & trials.config_id.notna() & whole]
+    ended = trials[trials.status.isin(["finished", "stopped", "proxy"]) & trials.config_id.notna() & whole]
     return {row["config_id"]: {k: _scalar(row[k]) for k in RESULT_COLUMNS if k in row and _scalar(row[k]) is not None}
             for _, row in ended.iterrows()}
 

@@ -53,6 +53,12 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
         row[k] = config.get(k)
     row["selection_score"] = final.get("selection_score")
     row["selected"] = False if config.get("selection_k") is not None else None
+    # proxy runs (search.proxy) rank at B/k and σ/k: their ε is their own, so a finished one is
+    # labelled ``proxy``, never taken as the cell's result; the full-scale answer run is ``final``
+    row["proxy_divisor"], row["full_batch_size"] = config.get("proxy_divisor"), config.get("full_batch_size")
+    row["final"] = bool(config.get("final", False))
+    if row["proxy_divisor"] is not None and status == "finished":
+        row["status"] = "proxy"
     row["config_json"] = to_json(config)
     return row
 

@@ -112,7 +112,7 @@ class PerCellScheduler(FIFOScheduler):
         self._load()
         config = trial.config or {}
         cell = config.get("cell")
-        if cell is None:
+        if cell is None or config.get("final"):   # a proxy search's full-scale answer runs to its end
             return None
         group = cell if self.settings.within == "cell" else f"{cell}/B={config.get('batch_size')}"
         if group not in self.cells:

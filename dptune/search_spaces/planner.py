@@ -29,6 +29,7 @@ import pandas as pd
 from ..errors import UserError, NotFound
 from .batches import COLUMNS, Row, batch_rows, candidate_rows, rows_frame, spread
 from .noise_table import NoiseRequest, calibrate_many
+from .proxy import MIN_PROXY_SIGMA, ProxyRun, proxy_run
 from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
 from .spec import Catalog, Spec
 
@@ -36,10 +37,13 @@ from .spec import Catalog, Spec
 #: ``dataset_label``: the axis values with their options, as the cell names them). Under private
 #: selection (``selection.mode: private``): K drawn in the cell, this trial's draw (0-based), the
 #: per-trial ε (training + noisy score) and the repeat-and-select total, both at the cell's δ.
+#: Proxy runs (``search.proxy``, :mod:`.proxy`): the divisor k and the full-scale B the proxy stands for;
+#: ``final`` marks the full-scale run of the configuration a proxy search chose (the cell's answer).
 #: ``metric`` names the trial metric the search, the scheduler and the store's ``accuracy`` column
 #: use (:meth:`SweepPlan.metric`).
 PLAN_FIELDS = ("cell", "metric", "sample_rate", "steps", "noise_sqrt_steps", "lr_multiplier", "backbone_label",
-               "dataset_label", "selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
+               "dataset_label", "selection_k", "selection_draw", "trial_epsilon", "total_epsilon",
+               "proxy_divisor", "full_batch_size", "final")
 
 
 @dataclass(frozen=True)
@@ -166,10 +170,12 @@ class CellPlan:
 
     @property
     def num_trials(self) -> int:
-        """Trials of this cell (for Optuna an upper bound: a converged search stops early)."""
+        """Trials of this cell (for Optuna an upper bound: a converged search stops early); with proxy
+        runs, the full-scale answer run once per seed too."""
         if self.private:
             return self.num_configurations
-        return self.num_configurations * len(self.space.seeds)
+        final = 1 if self.proxy_divisor > 1 and self.grid else 0
+        return (self.num_configurations + final) * len(self.space.seeds)
 
     def values(self, indices: tuple[int, int, int]) -> tuple[float, int, float]:
         """(C, B, η multiplier) at ``indices`` into this cell's candidates (its C grid, searched B and
@@ -212,6 +218,47 @@ class CellPlan:
                 "backbone_label": c.backbone.label, "dataset_label": c.dataset.label}
         return {**train, **plan}
 
+    @property
+    def proxy_divisor(self) -> int:
+        """k of this cell's proxy runs; 1 (none) for a non-private cell, whose runs have no DP noise
+        for the proxy to keep."""
+        return self.space.search.proxy_divisor if self.cell.private else 1
+
+    def proxy(self, batch_size: int) -> ProxyRun:
+        """The proxy run standing for the full-scale runs at ``batch_size``."""
+        row = self.row(batch_size)
+        return proxy_run(batch_size, float(row["noise_multiplier"]), int(row["steps"]), self.dataset_size,
+                         self.proxy_divisor)
+
+    def proxy_config(self, clip_bound: float, batch_size: int, lr_multiplier: float, seed: int) -> dict:
+        """The trial config of a proxy run of (C, B, η): (B/k, σ/k, T), the same C and η; labelled
+        with k and the B it stands for (its ε is its own, far above the cell's: it only ranks)."""
+        full = self.trial_config(clip_bound, batch_size, lr_multiplier, seed)
+        run = self.proxy(batch_size)
+        return {**full, "batch_size": run.batch_size, "epochs": run.epochs, "noise_multiplier": run.noise_multiplier,
+                "sample_rate": run.sample_rate, "steps": run.steps,
+                "noise_sqrt_steps": run.noise_multiplier * math.sqrt(run.steps),
+                "proxy_divisor": self.proxy_divisor, "full_batch_size": int(batch_size)}
+
+    def proxy_problems(self) -> list[str]:
+        """Why this cell's proxy runs would not rank as full-scale runs do: a σ/k below
+        :data:`~.proxy.MIN_PROXY_SIGMA`, or a B smaller than k."""
+        if self.proxy_divisor == 1:
+            return []
+        k = self.proxy_divisor
+        problems = []
+        for b in self.searched_batch_sizes:
+            if b < k:
+                problems.append(f"cell {self.cell.key}: search.proxy.batch_divisor {k} exceeds B = {b}")
+                continue
+            run = self.proxy(b)
+            if run.noise_multiplier < MIN_PROXY_SIGMA:
+                problems.append(f"cell {self.cell.key}: at B = {b} the proxy's σ' = {run.noise_multiplier:.3g} "
+                                f"(at B' = {run.batch_size}) is below "
+                                f"{MIN_PROXY_SIGMA:g}, where proxy runs stop ranking as full-scale ones do "
+                                "(BENCHMARKS.md, Proxy runs): use a smaller search.proxy.batch_divisor")
+        return problems
+
     def sampler_seed(self) -> int:
         """Per-cell seed of random sampling and TPE: the spec's seed and the cell id."""
         return (self.space.search.seed * 1_000_003 + zlib.crc32(self.cell.key.encode())) % 2**32
@@ -247,9 +294,21 @@ class CellPlan:
             return 0.0, 0.0
         steps_of = {row["batch_size"]: row["steps"] for row in self.rows}
         steps = np.array([steps_of[b] for _, b, _ in configs], dtype=float)
-        examples = steps * np.array([b for _, b, _ in configs], dtype=float)
+        batches = np.array([b for _, b, _ in configs], dtype=float)
+        if self.proxy_divisor > 1:   # proxies at B/k; the final full-scale run counted by final_cost
+            batches = np.array([self.proxy(int(b)).batch_size for b in batches], dtype=float)
+        examples = steps * batches
         scale = len(self.space.seeds) * (self.num_configurations / len(configs))
         return float(steps.sum() * scale), float(examples.sum() * scale)
+
+    def final_cost(self) -> tuple[float, float]:
+        """(optimizer steps, examples) of a proxy search's full-scale answer run, once per seed: at
+        most those of the searched B with the most examples (which one is chosen is not known yet)."""
+        if self.proxy_divisor == 1 or not self.searched_batch_sizes:
+            return 0.0, 0.0
+        seeds = len(self.space.seeds)
+        row = max((self.row(b) for b in self.searched_batch_sizes), key=lambda r: r["steps"] * r["batch_size"])
+        return float(row["steps"] * seeds), float(row["steps"] * row["batch_size"] * seeds)
 
 
 @dataclass(frozen=True)
@@ -275,7 +334,7 @@ class SweepPlan:
     @property
     def expected_cost(self) -> tuple[float, float]:
         """(optimizer steps, examples processed) over all trials."""
-        costs = [c.expected_cost() for c in self.cells]
+        costs = [c.expected_cost() for c in self.cells] + [c.final_cost() for c in self.cells]
         return sum(s for s, _ in costs), sum(e for _, e in costs)
 
     @property
@@ -321,6 +380,8 @@ class SweepPlan:
         for c in self.empty_cells:
             problems.append(f"cell {c.cell.key} keeps no batch size (lower pruning.min_steps, add smaller "
                             "batch sizes or more epochs)")
+        for c in self.cells:
+            problems += c.proxy_problems()
         return problems
 
     def check_runnable(self) -> None:

@@ -146,6 +146,9 @@ class Search:
     startup_trials: int | None = None    # optuna: random proposals before TPE takes over
     warm_start: bool = False             # optuna: first try a finished neighbour cell's optimum
     scheduler: Scheduler = field(default_factory=Scheduler)   # early stopping within a cell
+    #: proxy runs (``proxy: {batch_divisor: k}``, :mod:`.proxy`): a private cell's configurations are
+    #: ranked at (B/k, σ/k, T) and its chosen one trained once at full scale; 1: no proxies
+    proxy_divisor: int = 1
 
 
 @dataclass(frozen=True)
@@ -407,7 +410,7 @@ def parse_scheduler(value: Any) -> Scheduler:
 
 @register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler")
 def parse_search(value: Any, catalog: Catalog) -> Search:
-    raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler"))
+    raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler", "proxy"))
     algorithm = choice(raw.get("algorithm", "grid"), "search.algorithm", ALGORITHMS)
     budget = raw.get("budget")
     if algorithm == "grid":
@@ -428,7 +431,17 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
     return Search(algorithm, None if budget is None else integer(budget, "search.budget", ge=1),
                   integer(raw.get("seed", 0), "search.seed", ge=0),
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
-                  parse_scheduler(raw.get("scheduler")))
+                  parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")))
+
+
+def parse_proxy(value: Any) -> int:
+    """``search.proxy: {batch_divisor: k}``: the divisor k of the proxy runs (1 when absent)."""
+    if value is None:
+        return 1
+    raw = mapping(value, "search.proxy", ("batch_divisor",))
+    if "batch_divisor" not in raw:
+        raise SpecError("search.proxy.batch_divisor: required (trials run at B/k and σ/k; k = 1 runs no proxies)")
+    return integer(raw["batch_divisor"], "search.proxy.batch_divisor", ge=1)
 
 
 @register_section("seeds", default=[0], summary="training seeds")
@@ -538,6 +551,15 @@ def check_scheduler(spec: Spec, catalog: Catalog) -> None:
     if scheduler.name != "none" and scheduler.grace_epochs >= shortest:
         raise SpecError(f"search.scheduler.grace_epochs: must be < the smallest axes.epochs ({shortest:g}) for "
                         f"{scheduler.name} to stop anything; got {scheduler.grace_epochs}")
+
+
+@register_check
+def check_proxy(spec: Spec, catalog: Catalog) -> None:
+    """Proxy runs spend far more than the cell's ε (σ/k): private selection, which releases a
+    trial of the search itself, cannot use them."""
+    if spec["search"].proxy_divisor > 1 and getattr(spec["selection"], "private", False):
+        raise SpecError("search.proxy: proxy runs are not private at the cell's ε, and selection.mode private "
+                        "releases a searched trial; remove search.proxy or use selection.mode nonprivate")
 
 
 @register_check
