@@ -11,7 +11,7 @@ B ∈ {32, 64, 128, 256, 512}, η = 2·√(B/128)·m with m ∈ {0.5, 1} (30 con
 - **dptune**: ``dptune sweep`` of the same cell and grid with the default spec's pruning (σ√T plateau,
   minimum steps, two kept B spread across the plateau), the same with ASHA early stopping
   (``search.scheduler: asha``), and ASHA over every B on the plateau (``dptune-asha-all-B``); proxy runs
-  (``search.proxy``: every configuration at B/4 and σ/4, then the choice once at full scale), over the
+  (``search.proxy``: every configuration at B/3 and σ/3, then the choice once at full scale), over the
   two spread B and over every B (``dptune-proxy``, ``dptune-proxy-all-B``).
 
 Both run on local Ray with 2 concurrent one-CPU trials, one torch thread each. Reported: wall
@@ -43,7 +43,7 @@ ETA_REF, B_REF = 2.0, 128
 #: and every B with ASHA.
 RUNS = ["baseline", "dptune", "dptune-asha", "dptune-all-B", "dptune-asha-all-B", "dptune-proxy", "dptune-proxy-all-B"]
 #: The divisor of the proxy runs (``search.proxy.batch_divisor``) of the runs named ``…proxy…``.
-PROXY_DIVISOR = 4
+PROXY_DIVISOR = 3   # the largest that keeps σ' ≥ MIN_PROXY_SIGMA at B = 32 in this cell (4 is refused)
 
 
 def baseline_trainable(config: dict) -> None:
