@@ -89,3 +89,13 @@ def test_every_lazy_registry_entry_resolves_to_its_implementation():
     assert set(registries.NORM_ENGINES) == set(NORM_ESTIMATORS)
     for name in registries.EMBEDDED_FILES:
         assert registries.TRAIN_SIZES.get(name)() == len(load_dataset(name).train)
+
+
+def test_the_sweep_driver_loads_no_torch_before_its_trials():
+    """The driver plans, calibrates and starts Ray before any trial: what it imports for that (the
+    sweep, its searcher, store callback and trial function) must not load torch, which only the
+    trials' processes need (and the driver's store callback, once it reads a first checkpoint)."""
+    proc = subprocess.run([sys.executable, "-c", "import sys, dptune.platform.sweep; "
+                           "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'timm'}))"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]

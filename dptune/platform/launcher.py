@@ -18,9 +18,8 @@ from .progress import TrialLines
 from .ray_setup import configure_driver
 from .ray_orphans import stop_orphans
 from .layout import DEFAULT_STORAGE, WORKER_RUNS, ExperimentPaths, absolute
-from .multi_worker import run_on_workers
 from .spec_sections import Resources
-from .trainable import dp_trainable
+from .trial_function import dp_trainable
 
 
 @dataclass
@@ -120,6 +119,8 @@ def resourced(settings: RunSettings, function: Callable[..., None] = dp_trainabl
     resources = settings.resources
     if resources.workers <= 1:
         return tune.with_resources(function, {"cpu": resources.cpu, "gpu": resources.gpu})
+    from .multi_worker import run_on_workers   # Ray Train and the trainer: only for multi-worker sweeps
+
     on_workers = functools.partial(run_on_workers, resources=resources, max_failures=settings.max_failures,
                                    storage=f"{settings.paths.absolute().root}/{WORKER_RUNS}")
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import sys
 from typing import Iterable, TextIO
 
-from ..trainables.config import TrainConfig
-from ..trainables.training import Trainer, evaluate
 from .kept import config_id
 from .layout import ExperimentPaths
 from .records import epoch_rows, gradnorm_rows, trial_row
@@ -25,6 +23,9 @@ from .tune_adapter import checkpoint_state
 
 def selected_test_accuracy(state: dict) -> float:
     """Test accuracy of the model in a trial's final checkpoint state (rebuilt from its config)."""
+    from ..trainables.config import TrainConfig
+    from ..trainables.training import Trainer, evaluate   # torch: only where a release is tested
+
     trainer_state = state["trainer"]
     trainer = Trainer(TrainConfig.from_dict({**trainer_state["config"], "device": "cpu"}))
     trainer.model.load_state_dict(trainer_state["model"], strict=False)

@@ -29,7 +29,7 @@ from .searcher import RESTORED, SweepSearcher
 from .selection import release_selections
 from .storage_check import check_storage
 from .store import ResultsStore
-from .trainable import dp_trainable
+from .trial_function import dp_trainable
 
 DEFAULT_SPEC = Path(__file__).with_name("specs") / "default.yaml"
 

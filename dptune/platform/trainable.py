@@ -1,4 +1,4 @@
-"""The Ray Tune function trainable: one DP training run per trial, checkpointed every epoch.
+"""A DP trial's body in its Ray Tune process: one DP training run per trial, checkpointed every epoch.
 
 A trial's Ray Tune config is flat (:mod:`.trial_config`): the training config's fields and the
 plan's figures as top-level keys, read as they are. The trainable resumes from its latest
@@ -20,10 +20,11 @@ from . import tune_adapter
 from .trial_config import plan_figures, train_config
 
 
-def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
-    """Train the configured model with DP for the planned steps, reporting after every epoch.
-    ``on_workers`` (set by the launcher for a multi-worker trial, :mod:`.multi_worker`) runs the
-    trial on its Ray Train workers instead of in this process."""
+def run_trial(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
+    """Train the configured model with DP for the planned steps, reporting after every epoch (the
+    body of :func:`.trial_function.dp_trainable`). ``on_workers`` (set by the launcher for a
+    multi-worker trial, :mod:`.multi_worker`) runs the trial on its Ray Train workers instead of in
+    this process."""
     if on_workers is not None:
         on_workers(config)
         return

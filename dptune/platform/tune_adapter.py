@@ -1,4 +1,7 @@
-"""The one place that touches Ray Tune's reporting and checkpoint API (it changes between releases)."""
+"""The one place that touches Ray Tune's reporting and checkpoint API (it changes between releases).
+
+torch is imported where a checkpoint is written or read, not with this module: the sweep's driver
+imports it (its store callback reads checkpoints) and should not load torch before its first trial."""
 from __future__ import annotations
 
 import os
@@ -6,7 +9,6 @@ import sys
 import tempfile
 from typing import Any
 
-import torch
 from ray import tune
 
 from .ray_setup import quiet_trial_logs
@@ -20,6 +22,8 @@ def report(metrics: dict, state: dict | None = None) -> None:
     if state is None:
         tune.report(metrics)
         return
+    import torch
+
     with tempfile.TemporaryDirectory() as directory:
         torch.save(state, os.path.join(directory, STATE_FILE))
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
@@ -34,6 +38,8 @@ def train_report(metrics: dict, state: dict | None = None) -> None:
     if state is None:
         ray.train.report(metrics)
         return
+    import torch
+
     with tempfile.TemporaryDirectory() as directory:
         torch.save(state, os.path.join(directory, STATE_FILE))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
@@ -63,6 +69,8 @@ def checkpoint_state(checkpoint: tune.Checkpoint | None) -> dict[str, Any] | Non
     Ray Train checkpoint of a multi-worker trial)."""
     if checkpoint is None:
         return None
+    import torch
+
     with checkpoint.as_directory() as directory:
         return torch.load(os.path.join(directory, STATE_FILE), weights_only=True, map_location="cpu")
 

@@ -1,4 +1,7 @@
-"""ε spent by DP-SGD / DP-Adam: Poisson sampling, add/remove adjacency, PRV composition."""
+"""ε spent by DP-SGD / DP-Adam: Poisson sampling, add/remove adjacency, PRV composition.
+
+The PRV code (scipy, prv-accountant: about a second to import) is imported when a value is not in
+the cache, so a trial whose ε curve the plan computed never loads it."""
 from __future__ import annotations
 
 import math
@@ -6,7 +9,6 @@ from typing import Sequence
 
 from .cache import cached, make_key
 from .mechanisms import step_prvs
-from .prv import compose_epsilon, compose_epsilons
 from .validation import check_delta, check_estimator, check_noise_multiplier, check_sample_rate, check_steps
 
 
@@ -36,6 +38,8 @@ def worst_direction_epsilon(sigma: float, delta: float, q: float, steps: int, no
                             sketch_k: int | None, stop_above: float = math.inf) -> float:
     """ε of the worse adjacency direction; stops early once one direction exceeds ``stop_above``
     (then the value returned is only known to exceed it). Inputs must be validated already."""
+    from .prv import compose_epsilon   # scipy and prv-accountant, only when a value is not cached
+
     worst = 0.0
     for prv in step_prvs(norm_estimator, sigma, q, sketch_k, delta=delta, steps=steps):
         worst = max(worst, compose_epsilon(prv, steps, delta))
@@ -62,6 +66,8 @@ def epsilon_curve(noise_multiplier: float, delta: float, sample_rate: float, ste
 
     def point(i: int) -> float:
         if not curve:   # the first value the cache lacks computes them all
+            from .prv import compose_epsilons
+
             prvs = step_prvs(norm_estimator, sigma, q, sketch_k, delta=delta, steps=top)
             curve.extend(map(max, zip(*(compose_epsilons(prv, counts, delta) for prv in prvs))))
         return curve[i]

@@ -15,6 +15,12 @@ def sample_rate(batch_size: int, dataset_size: int) -> float:
     return batch_size / dataset_size
 
 
+def epoch_end_steps(epochs: float, steps: int) -> list[int]:
+    """The step count at the end of each epoch 1, …, ⌈E⌉ of a run of ``steps`` steps over ``epochs``
+    epochs (the last ends at T): where a run reports, and where its ε is accounted."""
+    return [min(steps, round(epoch * steps / epochs)) for epoch in range(1, math.ceil(epochs) + 1)]
+
+
 def num_steps(epochs: float, dataset_size: int, batch_size: int) -> int:
     """T = ⌈E·N/B⌉, the optimizer steps of E epochs over N examples at expected batch size B."""
     return math.ceil(epochs * dataset_size / batch_size)

@@ -19,7 +19,9 @@ from collections import defaultdict
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Iterable, NamedTuple, Sequence
 
+from ..privacy.accountant import epsilon_curve
 from ..privacy.cache import cached
+from ..privacy.schedule import epoch_end_steps
 from ..privacy.calibration import calibrate_noise_series, sigma_key
 
 
@@ -32,6 +34,9 @@ class NoiseRequest(NamedTuple):
     steps: int
     norm_estimator: str = "exact"
     sketch_k: int | None = None
+    #: the run's epochs E: with ``calibrate_many(curves=True)`` the ε at each epoch end of a run at
+    #: this σ is computed too (the trial then finds its per-epoch ε in the cache)
+    epochs: float | None = None
 
 
 class _Missing(Exception):
@@ -56,10 +61,15 @@ def cached_noise(request: NoiseRequest) -> float | None:
         return None
 
 
-def _calibrate_series(series: Sequence[NoiseRequest]) -> list[float]:
+def _calibrate_series(series: Sequence[NoiseRequest], curves: bool = False) -> list[float]:
     first = series[0]
-    return calibrate_noise_series(first.epsilon, first.delta, [(r.sample_rate, r.steps) for r in series],
-                                  norm_estimator=first.norm_estimator, sketch_k=first.sketch_k)
+    sigmas = calibrate_noise_series(first.epsilon, first.delta, [(r.sample_rate, r.steps) for r in series],
+                                    norm_estimator=first.norm_estimator, sketch_k=first.sketch_k)
+    for r, sigma in zip(series, sigmas):
+        if curves and r.epochs is not None:
+            epsilon_curve(sigma, r.delta, r.sample_rate, sorted({t for t in epoch_end_steps(r.epochs, r.steps) if t}),
+                          norm_estimator=r.norm_estimator, sketch_k=r.sketch_k)
+    return sigmas
 
 
 def series_of(requests: Iterable[NoiseRequest]) -> list[list[NoiseRequest]]:
@@ -81,11 +91,13 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def calibrate_many(requests: Iterable[NoiseRequest], *, workers: int | None = None,
-                   progress: bool = False, executor: Executor | None = None) -> dict[NoiseRequest, float]:
+def calibrate_many(requests: Iterable[NoiseRequest], *, workers: int | None = None, progress: bool = False,
+                   executor: Executor | None = None, curves: bool = False) -> dict[NoiseRequest, float]:
     """σ for every distinct request. Cached values are read here; the others are computed by
     ``workers`` processes (default: all CPUs; 1 computes in this process), or by ``executor``
-    (one series per task; the caller owns it).
+    (one series per task; the caller owns it). With ``curves`` (a sweep about to launch), the tasks
+    also put into the cache the ε at every epoch end of each request with ``epochs``, so trials do
+    not compute it (nor import the accountant's PRV code).
 
     Processes are spawned, not forked: the caller may hold threads (Ray, gRPC, torch) that a fork
     would copy in a locked state.
@@ -111,13 +123,13 @@ def calibrate_many(requests: Iterable[NoiseRequest], *, workers: int | None = No
     with tqdm(total=len(missing), desc=desc, unit="σ", disable=not progress, file=sys.stderr) as bar:
         if executor is None and workers <= 1:
             for group in series:
-                results.update(zip(group, _calibrate_series(group)))
+                results.update(zip(group, _calibrate_series(group, curves)))
                 bar.update(len(group))
             return results
         pool = executor or ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
         futures = {}
         try:
-            futures = {pool.submit(_calibrate_series, group): group for group in series}
+            futures = {pool.submit(_calibrate_series, group, curves): group for group in series}
             for future in as_completed(futures):
                 group = futures[future]
                 results.update(zip(group, future.result()))

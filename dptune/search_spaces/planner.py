@@ -460,14 +460,15 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
 
     def request(c: Cell, q: float, steps: int) -> NoiseRequest:
         options = trial.variant(c.options)   # a searched norm estimator has its own σ
-        return NoiseRequest(c.epsilon, c.delta, q, steps, options.norm_estimator, options.sketch_k)
+        return NoiseRequest(c.epsilon, c.delta, q, steps, options.norm_estimator, options.sketch_k, c.epochs)
 
     requests = [request(c, row["sample_rate"], row["steps"]) for c, rows in candidates.items()
                 for row in rows if row["reason"] is None and c.private]
     if space.selection.private:
         sigmas, privacy = _selection_noise(cells, candidates, space, validation, request)
     else:
-        sigmas, privacy = calibrate_many(requests, workers=workers, progress=progress, executor=executor), {}
+        sigmas, privacy = calibrate_many(requests, workers=workers, progress=progress, executor=executor,
+                                         curves=draw), {}
     pruning = space.pruning
     plans = []
     for c in cells:

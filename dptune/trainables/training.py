@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ..errors import UserError
 from ..privacy import calibrate_noise
 from ..privacy.accountant import epsilon_curve
-from ..privacy.schedule import num_steps, sample_rate
+from ..privacy.schedule import epoch_end_steps, num_steps, sample_rate
 from ..registry import check_options
 from .batching import model_outputs, to_device
 from .config import TrainConfig
@@ -199,16 +199,17 @@ class Trainer:
     def num_epochs(self) -> int:
         return math.ceil(self.cfg.epochs)
 
-    def epoch_end_step(self, epoch: int) -> int:
-        """Step count at the end of ``epoch`` (1-based); the last epoch ends at T."""
-        return min(self.plan.steps, round(epoch * self.plan.steps / self.cfg.epochs))
+    @functools.cached_property
+    def epoch_ends(self) -> list[int]:
+        """Step count at the end of each epoch (the last ends at T)."""
+        return epoch_end_steps(self.cfg.epochs, self.plan.steps)
 
     @functools.cached_property
     def epoch_epsilons(self) -> list[float]:
         """ε spent at the end of every epoch (0 before any step), from one accountant evaluation on
         the mesh of the whole run (:func:`~dptune.privacy.accountant.epsilon_curve`) instead of one per
         epoch: in a short trial the per-epoch evaluations cost about as much as the training."""
-        ends = [self.epoch_end_step(e) for e in range(1, self.num_epochs + 1)]
+        ends = self.epoch_ends
         counts = sorted({t for t in ends if t > 0})
         curve = dict(zip(counts, epsilon_curve(self.plan.noise_multiplier, self.cfg.delta, self.plan.sample_rate,
                                                counts, norm_estimator=self.cfg.norm_estimator,
@@ -246,7 +247,7 @@ class Trainer:
         start = time.perf_counter()
         norms, labels = [], []
         parts = {part.key: [] for part in (self.engine.parts if self.engine is not None else [])}
-        while self.step < self.epoch_end_step(self.epoch):
+        while self.step < self.epoch_ends[self.epoch - 1]:
             result = self.train_step()
             if result is not None:
                 norms.append(result[0])

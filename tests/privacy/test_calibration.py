@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dptune.privacy.accountant as accountant
+import dptune.privacy.prv as prv
 from dptune.privacy import cache, calibrate_noise, epsilon_spent
 
 
@@ -42,8 +42,8 @@ def test_infeasible_target_is_a_clear_error():
 
 def test_cached_in_memory_and_on_disk(monkeypatch, tmp_path):
     calls = []
-    original = accountant.compose_epsilon
-    monkeypatch.setattr(accountant, "compose_epsilon", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = prv.compose_epsilon
+    monkeypatch.setattr(prv, "compose_epsilon", lambda *a, **k: calls.append(1) or original(*a, **k))
     monkeypatch.setenv("DPTUNE_CACHE_DIR", str(tmp_path))   # an empty disk cache …
     cache.clear_memory()                                     # … and memory: the first call must compute
     first = calibrate_noise(2.0, 1e-5, 0.05, 60)

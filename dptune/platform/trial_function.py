@@ -1,0 +1,18 @@
+"""The Ray Tune function of a DP trial, importable without torch.
+
+Ray Tune pickles the trial function by reference, so the sweep's driver imports the module that
+defines it: this one is light, and the trial's body (:mod:`.trainable`: torch, the trainer) is
+imported in the trial's own process. The driver then starts Ray and calibrates σ without spending
+seconds loading torch first.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+
+def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
+    """One DP trial: :func:`.trainable.run_trial` (``on_workers``: a multi-worker trial's Ray Train
+    run, set by the launcher)."""
+    from .trainable import run_trial
+
+    run_trial(config, on_workers)
