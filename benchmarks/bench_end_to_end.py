@@ -1,27 +1,32 @@
-"""Time to an answer: a dptune sweep against a hand-written Ray Tune + Opacus grid on one cell.
+"""Time to an answer: dptune sweeps against a hand-written Ray Tune + Opacus grid on the same cells.
 
-The cell: digits (N = 1,437 training images, the embedded data), dptune's small tanh CNN, DP-SGD,
-ε = 1, δ = 1e-5, 8 epochs; the grid of the embedded default sweep: C ∈ {0.1, 1, 10},
-B ∈ {32, 64, 128, 256, 512}, η = 2·√(B/128)·m with m ∈ {0.5, 1} (30 configurations, seed 0).
+The cells: a dataset (``--dataset``: digits, N = 1,437 training images, or mnist5k, N = 4,000), dptune's
+small tanh CNN, DP-SGD, ε ∈ ``--epsilons``, δ = 1e-5, ``--epochs`` epochs; the grid C × B × η with
+η = η_ref·√(B/128)·m (by default the embedded default sweep's: C ∈ {0.1, 1, 10}, B ∈ {32, …, 512},
+m ∈ {0.5, 1}; seed 0).
 
 - **baseline**: what a user writes without dptune — a Ray Tune function trainable that trains the
   same model on the same split with Opacus 1.6 (``PrivacyEngine.make_private_with_epsilon``,
-  Poisson sampling, hooks mode) and reports test accuracy each epoch; ``tune.grid_search`` over
-  every configuration.
-- **dptune**: ``dptune sweep`` of the same cell and grid with the default spec's pruning (σ√T plateau,
-  minimum steps, two kept B spread across the plateau), the same with ASHA early stopping
-  (``search.scheduler: asha``), and ASHA over every B on the plateau (``dptune-asha-all-B``); proxy runs
-  (``search.proxy``: every configuration at B/3 and σ/3, then the choice once at full scale), over the
-  two spread B and over every B (``dptune-proxy``, ``dptune-proxy-all-B``).
+  Poisson sampling, hooks mode, σ from Opacus's PRV accountant in every trial) and reports test
+  accuracy each epoch; ``tune.grid_search`` over every (ε, C, B, m).
+- **dptune** runs (``dptune sweep`` of the same cells and grid), one per lever:
+  ``dptune``: the default pruning (σ√T plateau, minimum steps, two kept B spread across the plateau);
+  ``dptune-asha``: with ASHA early stopping (``search.scheduler: asha``, within a B);
+  ``dptune-proxy``: proxy runs (``search.proxy``: every configuration at B/k and σ/k for the cell's T,
+  then each cell's choice once at full scale); ``dptune-proxy-asha``: both;
+  ``…-all-B``: the same over every B on the plateau;
+  ``dptune@DIR`` (with ``--compare-with DIR``): the ``dptune`` run from another checkout (e.g. the
+  code before a change), for the change's own row.
 
-Both run on local Ray with 2 concurrent one-CPU trials, one torch thread each. Reported: wall
-seconds from launch to the sweep's end (calibration, Ray start-up and pruning included), trials
-(and trial-epochs) run, the best accuracy, and the speed-up of dptune over the baseline with the
-gap between the two best accuracies (goal: ≥ 5× faster, within 1 point). Each run's best trial is one
-draw of its configuration; ``--reevaluate`` then retrains every chosen configuration under new seeds
-with one trainer, so the answers are compared rather than the draws.
+All run on local Ray with 2 concurrent one-CPU trials, one torch thread each, each dptune run with its
+own empty accountant cache (σ computed afresh, as the baseline's are). Reported: wall seconds from
+launch to the sweep's end (calibration, Ray start-up and pruning included), trials, per-sample
+gradients computed, each cell's best accuracy, the speed-up over the baseline and the gap between
+the best accuracies. Each run's best trial is one draw of its configuration; ``--reevaluate`` then
+retrains every chosen configuration under new seeds with one trainer, so the answers are compared
+rather than the draws.
 
-    python benchmarks/bench_end_to_end.py [--only baseline dptune dptune-asha dptune-asha-all-B] [--epochs 8]
+    python benchmarks/bench_end_to_end.py [--only baseline dptune …] [--dataset digits] [--epsilons 1]
 """
 from __future__ import annotations
 
@@ -36,14 +41,12 @@ import tempfile
 import time
 from pathlib import Path
 
-EPSILON, DELTA, SEED = 1.0, 1e-5, 0
-CLIPS, BATCHES, MULTIPLIERS = [0.1, 1, 10], [32, 64, 128, 256, 512], [0.5, 1]
+DELTA, SEED = 1e-5, 0
 ETA_REF, B_REF = 2.0, 128
-#: dptune runs: the default spec's pruning (two plateau B: its ends), with ASHA, every B on the plateau,
-#: and every B with ASHA.
-RUNS = ["baseline", "dptune", "dptune-asha", "dptune-all-B", "dptune-asha-all-B", "dptune-proxy", "dptune-proxy-all-B"]
-#: The divisor of the proxy runs (``search.proxy.batch_divisor``) of the runs named ``…proxy…``.
-PROXY_DIVISOR = 3   # the largest that keeps σ' ≥ MIN_PROXY_SIGMA at B = 32 in this cell (4 is refused)
+RUNS = ["baseline", "dptune", "dptune-asha", "dptune-proxy", "dptune-proxy-asha", "dptune-all-B",
+        "dptune-asha-all-B", "dptune-proxy-all-B"]
+#: Training-set sizes of the datasets (what the baseline's T·B is counted with).
+TRAIN_SIZE = {"digits": 1437, "mnist5k": 4000}
 
 
 def baseline_trainable(config: dict) -> None:
@@ -61,13 +64,13 @@ def baseline_trainable(config: dict) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
-    data = load_dataset("digits")
+    data = load_dataset(config["dataset"])
     model = create_model("cnn", num_classes=data.num_classes, input_shape=data.input_shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=config["learning_rate"])
     loader = DataLoader(data.train, batch_size=config["batch_size"], shuffle=True)
     engine = PrivacyEngine(accountant="prv")
     model, optimizer, loader = engine.make_private_with_epsilon(
-        module=model, optimizer=optimizer, data_loader=loader, target_epsilon=EPSILON, target_delta=DELTA,
+        module=model, optimizer=optimizer, data_loader=loader, target_epsilon=config["epsilon"], target_delta=DELTA,
         epochs=config["epochs"], max_grad_norm=config["clip_bound"], poisson_sampling=True)
     test_x, test_y = (torch.stack([x for x, _ in data.test]), torch.tensor([int(y) for _, y in data.test]))
     for epoch in range(1, config["epochs"] + 1):
@@ -84,7 +87,7 @@ def baseline_trainable(config: dict) -> None:
         tune.report({"accuracy": accuracy, "epoch": epoch})
 
 
-def run_baseline(epochs: int, storage: str) -> dict:
+def run_baseline(args: argparse.Namespace, storage: str) -> dict:
     import ray
     from ray import tune
 
@@ -92,37 +95,42 @@ def run_baseline(epochs: int, storage: str) -> dict:
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     try:
-        space = {"clip_bound": tune.grid_search(CLIPS), "batch_size": tune.grid_search(BATCHES),
-                 "multiplier": tune.grid_search(MULTIPLIERS), "epochs": epochs,
+        space = {"epsilon": tune.grid_search(args.epsilons), "clip_bound": tune.grid_search(args.clips),
+                 "batch_size": tune.grid_search(args.batch_sizes), "multiplier": tune.grid_search(args.multipliers),
+                 "epochs": args.epochs, "dataset": args.dataset,
                  "learning_rate": tune.sample_from(
                      lambda spec: ETA_REF * math.sqrt(spec.config.batch_size / B_REF) * spec.config.multiplier)}
         tuner = tune.Tuner(tune.with_resources(baseline_trainable, {"cpu": 1}), param_space=space,
                            tune_config=tune.TuneConfig(metric="accuracy", mode="max", max_concurrent_trials=2),
                            run_config=tune.RunConfig(storage_path=storage, name="baseline", verbose=0))
         results = tuner.fit()
-        best = results.get_best_result(metric="accuracy", mode="max", scope="last")
-        frame = results.get_dataframe()
     finally:
         ray.shutdown()
-    n = 1437   # digits' training images: every trial's T·B ≈ E·N per-sample gradients
-    return {"wall_s": time.perf_counter() - start, "trials": len(frame), "trial_epochs": len(frame) * epochs,
-            "examples": sum(math.ceil(epochs * n / b) * b for b in frame["config/batch_size"]),
-            "best_accuracy": best.metrics["accuracy"], "best_config": {k: best.config[k] for k in
-                                                                       ("clip_bound", "batch_size", "learning_rate")}}
+    wall = time.perf_counter() - start
+    best: dict[float, dict] = {}
+    for r in results:
+        eps = float(r.config["epsilon"])
+        if r.metrics.get("accuracy") is not None and (eps not in best or r.metrics["accuracy"] > best[eps]["accuracy"]):
+            best[eps] = {"accuracy": r.metrics["accuracy"],
+                         "config": {k: r.config[k] for k in ("clip_bound", "batch_size", "learning_rate")}}
+    n = TRAIN_SIZE[args.dataset]
+    return {"wall_s": wall, "trials": len(results),
+            "examples": sum(math.ceil(args.epochs * n / r.config["batch_size"]) * r.config["batch_size"] for r in results),
+            "best": best}
 
 
-def spec_text(epochs: int, scheduler: bool, capped: bool = True, proxy: int = 1) -> str:
-    """The cell as a dptune sweep spec (the embedded default's grid and pruning, ε = 1 only);
-    ``capped=False`` searches every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 ranks
-    at B/k and σ/k, then trains the choice at full scale."""
+def spec_text(args: argparse.Namespace, *, scheduler: bool, capped: bool, proxy: int) -> str:
+    """The cells as a dptune sweep spec (the embedded default's pruning); ``capped=False`` searches
+    every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 ranks at B/k and σ/k, then
+    trains each cell's choice at full scale."""
     search = ("search: {algorithm: grid"
               + (", scheduler: {name: asha, grace_epochs: 1, reduction_factor: 3}" if scheduler else "")
               + (f", proxy: {{batch_divisor: {proxy}}}" if proxy > 1 else "") + "}")
     return f"""experiment: e2e
-axes: {{epsilon: [{EPSILON}], delta: {DELTA}, backbone: [cnn], dataset: [digits], epochs: [{epochs}]}}
-clip_bound: {CLIPS}
-batch_size: {BATCHES}
-learning_rate: {{reference: {ETA_REF}, reference_batch_size: {B_REF}, multipliers: {MULTIPLIERS}}}
+axes: {{epsilon: {args.epsilons}, delta: {DELTA}, backbone: [cnn], dataset: [{args.dataset}], epochs: [{args.epochs}]}}
+clip_bound: {args.clips}
+batch_size: {args.batch_sizes}
+learning_rate: {{reference: {ETA_REF}, reference_batch_size: {B_REF}, multipliers: {args.multipliers}}}
 pruning: {{min_steps: 20, plateau_tol: 0.1{", max_batch_sizes: 2" if capped else ""}}}
 {search}
 seeds: [{SEED}]
@@ -131,10 +139,14 @@ resources: {{cpu: 1, gpu: 0}}
 """
 
 
-def run_dptune(epochs: int, storage: str, scheduler: bool, capped: bool = True, proxy: int = 1) -> dict:
+def run_dptune(args: argparse.Namespace, name: str, storage: str) -> dict:
+    base, _, checkout = name.partition("@")
     spec = Path(storage) / "spec.yaml"
-    spec.write_text(spec_text(epochs, scheduler, capped, proxy))
+    spec.write_text(spec_text(args, scheduler="asha" in base, capped=not base.endswith("all-B"),
+                              proxy=args.proxy_divisor if "proxy" in base else 1))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTUNE_CACHE_DIR": str(Path(storage) / "cache")}
+    if checkout:
+        env["PYTHONPATH"] = checkout
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "dptune", "sweep", str(spec), "--storage", storage, "--quiet"],
                           cwd=storage, capture_output=True, text=True, env=env)
@@ -143,19 +155,19 @@ def run_dptune(epochs: int, storage: str, scheduler: bool, capped: bool = True, 
         raise RuntimeError(f"dptune sweep failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     query = subprocess.run([sys.executable, "-m", "dptune", "query", "--format", "json", "--store",
                             str(Path(storage) / "e2e"),
-                            "SELECT status, accuracy, clip_bound, batch_size, learning_rate, epoch, step FROM trials"],
-                           capture_output=True, text=True, env=env)
+                            "SELECT * FROM trials"], capture_output=True, text=True, env=env)
     rows = json.loads(query.stdout)
-    finished = [r for r in rows if r["status"] == "finished"]   # a proxy search's answer; proxies only rank
-    best = max(finished, key=lambda r: r["accuracy"])
+    best: dict[float, dict] = {}
+    for r in rows:   # a proxy search's answer is its finished (final) run; proxies only rank
+        if r["status"] == "finished" and (r["epsilon"] not in best or r["accuracy"] > best[r["epsilon"]]["accuracy"]):
+            best[r["epsilon"]] = {"accuracy": r["accuracy"],
+                                  "config": {k: r[k] for k in ("clip_bound", "batch_size", "learning_rate")}}
     return {"wall_s": wall, "trials": len(rows),
-            "trial_epochs": sum(r["epoch"] or 0 for r in rows),
-            "examples": sum((r["step"] or 0) * r["batch_size"] for r in rows if r["status"] != "equivalent"),
-            "stopped": sum(r["status"] == "stopped" for r in rows), "best_accuracy": best["accuracy"],
-            "best_config": {k: best[k] for k in ("clip_bound", "batch_size", "learning_rate")}}
+            "examples": sum((r.get("step") or 0) * r["batch_size"] for r in rows if r["status"] != "equivalent"),
+            "best": best}
 
 
-def reevaluate(config: dict, epochs: int, seeds: int) -> list[float]:
+def reevaluate(args: argparse.Namespace, epsilon: float, config: dict) -> list[float]:
     """Final test accuracy of one chosen (C, B, η) retrained by dptune's trainer under seeds 1..``seeds``
     (new model inits, batches and noise; the sweep's train/test split): the quality of an answer,
     freed from the one lucky or unlucky draw each run's best trial is."""
@@ -166,67 +178,87 @@ def reevaluate(config: dict, epochs: int, seeds: int) -> list[float]:
 
     torch.set_num_threads(1)
     accuracies = []
-    for seed in range(1, seeds + 1):
-        trainer = Trainer(TrainConfig(dataset="digits", model="cnn", epsilon=EPSILON, delta=DELTA, epochs=epochs,
-                                      optimizer="sgd", clip_bound=float(config["clip_bound"]),
+    for seed in range(1, args.reevaluate + 1):
+        trainer = Trainer(TrainConfig(dataset=args.dataset, model="cnn", epsilon=epsilon, delta=DELTA,
+                                      epochs=args.epochs, optimizer="sgd", clip_bound=float(config["clip_bound"]),
                                       batch_size=int(config["batch_size"]),
                                       learning_rate=float(config["learning_rate"]), seed=seed,
                                       split_seed=SEED).validate())
-        while not trainer.done:
-            metrics = trainer.run_epoch()
-        accuracies.append(metrics["test_accuracy"])
+        accuracies.append(trainer.fit()[-1]["test_accuracy"])
     return accuracies
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=RUNS, nargs="+")
+    parser.add_argument("--only", nargs="+", help=f"runs, of {', '.join(RUNS)} and dptune@DIR [all]")
+    parser.add_argument("--dataset", choices=sorted(TRAIN_SIZE), default="digits")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0])
     parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--clips", type=float, nargs="+", default=[0.1, 1, 10])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64, 128, 256, 512])
+    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.5, 1])
+    parser.add_argument("--proxy-divisor", type=int, default=3,
+                        help="k of the proxy runs [%(default)s: the largest that keeps σ/k >= 0.5 at B = 32, ε = 1]")
+    parser.add_argument("--compare-with", metavar="DIR", help="also run `dptune` from this checkout (dptune@DIR)")
     parser.add_argument("--reevaluate", type=int, default=5, metavar="SEEDS",
                         help="retrain each run's chosen configuration under this many seeds [%(default)s; 0: skip]")
     args = parser.parse_args()
-    runs = args.only or RUNS
+    runs = args.only or RUNS + ([f"dptune@{args.compare_with}"] if args.compare_with else [])
     results = {}
     for name in runs:
-        with tempfile.TemporaryDirectory(prefix=f"e2e-{name}-") as storage:
+        with tempfile.TemporaryDirectory(prefix="e2e-") as storage:
             try:
-                results[name] = (run_baseline(args.epochs, storage) if name == "baseline"
-                                 else run_dptune(args.epochs, storage, scheduler="asha" in name,
-                                                 capped=not name.endswith("all-B"),
-                                                 proxy=PROXY_DIVISOR if "proxy" in name else 1))
-            except Exception as exc:  # e.g. a spec without schedulers: say so, keep the others
-                results[name] = {"error": str(exc).splitlines()[-1][:300]}
+                results[name] = run_baseline(args, storage) if name == "baseline" else run_dptune(args, name, storage)
+            except Exception as exc:  # e.g. a spec an older checkout refuses: say so, keep the others
+                results[name] = {"error": str(exc).strip().splitlines()[-1][:300]}
         print(name, json.dumps(results[name]), flush=True)
-    print("\n| run | wall s | trials | trial-epochs | examples (per-sample gradients) | best accuracy | speed-up vs baseline "
-          "| gap (points) |")
-    print("|---|---|---|---|---|---|---|---|")
+    epsilons = [float(e) for e in args.epsilons]
     base = results.get("baseline", {})
+    print(f"\n{args.dataset}, cnn, ε ∈ {{{', '.join(f'{e:g}' for e in epsilons)}}}, {args.epochs} epochs")
+    print("\n| run | wall s | speed-up vs baseline | trials | per-sample gradients | "
+          + " | ".join(f"best at ε={e:g} (gap, points)" for e in epsilons) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(epsilons))
     for name, r in results.items():
         if "error" in r:
-            print(f"| {name} | fails: {r['error']} | | | | | | |")
+            print(f"| {name} | fails: {r['error']} |" + " |" * (3 + len(epsilons)))
             continue
         speed = f"{base['wall_s'] / r['wall_s']:.2f}×" if "wall_s" in base else ""
-        gap = f"{100 * (base['best_accuracy'] - r['best_accuracy']):+.1f}" if "best_accuracy" in base else ""
-        print(f"| {name} | {r['wall_s']:.0f} | {r['trials']} | {r['trial_epochs']} | {r['examples']:,} | {r['best_accuracy']:.4f} "
-              f"| {speed} | {gap} |")
+        cells = []
+        for e in epsilons:
+            mine, theirs = r["best"].get(e), base.get("best", {}).get(e)
+            gap = f" ({100 * (mine['accuracy'] - theirs['accuracy']):+.1f})" if mine and theirs else ""
+            cells.append(f"{mine['accuracy']:.4f}{gap}" if mine else "—")
+        print(f"| {name} | {r['wall_s']:.0f} | {speed} | {r['trials']} | {r['examples']:,} | " + " | ".join(cells) + " |")
     if not args.reevaluate:
         return
-    print(f"\nEach run's answer retrained by dptune's trainer, seeds 1..{args.reevaluate} (mean ± sd of test accuracy):")
-    print("\n| run | chosen (C, B, η) | mean accuracy | sd | gap to baseline's answer (points) |")
-    print("|---|---|---|---|---|")
+    print(f"\nEach run's answer retrained by dptune's trainer, seeds 1..{args.reevaluate} (mean ± sd of test accuracy; "
+          "gap to the baseline's answer, points):")
+    print("\n| run | " + " | ".join(f"ε={e:g}: answer (C, B, η) → mean ± sd (gap)" for e in epsilons) + " |")
+    print("|---|" + "---|" * len(epsilons))
     means: dict[tuple, tuple[float, float]] = {}
-    for name, r in results.items():
-        if "best_config" not in r:
-            continue
-        key = tuple(round(float(r["best_config"][k]), 6) for k in ("clip_bound", "batch_size", "learning_rate"))
+
+    def answer(e: float, config: dict) -> tuple[tuple, tuple[float, float]]:
+        key = (e, *(round(float(config[k]), 6) for k in ("clip_bound", "batch_size", "learning_rate")))
         if key not in means:
-            accuracies = reevaluate(r["best_config"], args.epochs, args.reevaluate)
+            accuracies = reevaluate(args, e, config)
             means[key] = (statistics.mean(accuracies), statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0)
-        mean, sd = means[key]
-        base_key = (tuple(round(float(base["best_config"][k]), 6) for k in ("clip_bound", "batch_size", "learning_rate"))
-                    if "best_config" in base else None)
-        gap = f"{100 * (means[base_key][0] - mean):+.1f}" if base_key in means else ""
-        print(f"| {name} | C={key[0]:g}, B={key[1]:g}, η={key[2]:.3g} | {mean:.4f} | {sd:.4f} | {gap} |")
+        return key, means[key]
+
+    for name, r in results.items():
+        if "best" not in r:
+            continue
+        cells = []
+        for e in epsilons:
+            if e not in r["best"]:
+                cells.append("—")
+                continue
+            key, (mean, sd) = answer(e, r["best"][e]["config"])
+            gap = ""
+            if e in base.get("best", {}):
+                _, (base_mean, _) = answer(e, base["best"][e]["config"])
+                gap = f" ({100 * (mean - base_mean):+.1f})"
+            cells.append(f"C={key[1]:g}, B={key[2]:g}, η={key[3]:.3g} → {mean:.4f} ± {sd:.4f}{gap}")
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

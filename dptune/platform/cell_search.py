@@ -184,10 +184,9 @@ class CellSearch:
         self.handed_out = 0                                  # configurations handed out (or recorded equivalent)
         self.proposals = 0                                   # proposal ids used
         #: proxy runs (search.proxy): the full-scale run of the best configuration, once the proxies
-        #: are in: None (not handed out), "running" or "done"; its mean metric is ``answer``
+        #: are in: None (not handed out), "running" or "done"
         self.proxied = cell.proxy_divisor > 1
         self.final: str | None = None
-        self.answer: Optional[float] = None
 
     @property
     def searched(self) -> bool:
@@ -254,7 +253,7 @@ class CellSearch:
         del self.running[pid]
         mean = None if None in running.values else sum(running.values) / len(running.values)
         if pid.endswith("#final"):     # the answer of a proxy search: not a search result
-            self.final, self.answer = "done", mean
+            self.final = "done"
             return []
         # a private draw is its (C, B, η) with its own seed; the others are their indices
         indices = self.cell.indices(*self.cell.draws[running.key][:3]) if self.cell.private else running.key

@@ -136,18 +136,20 @@ def test_a_proxy_sweep_stores_labelled_proxies_and_the_full_scale_answer(local_r
                                model_options={"hidden": 32}, search={"algorithm": "grid", "proxy": {"batch_divisor": 2}}))
     settings = RunSettings(experiment="proxy", storage=str(tmp_path), max_failures=0)
     outcome = run_sweep(plan, settings)
-    assert (outcome.finished, outcome.errored, outcome.unrun) == (5, 0, 0)
+    assert (outcome.errored, outcome.unrun) == (0, 0)
     rows = ResultsStore(settings.paths.store).table("trials")
+    # 2 C × 2 B proxies (a smaller C whose larger C clipped everything is recorded, not trained, and
+    # stays a proxy) and the answer; every Ray trial but the answer is a proxy
     proxies, answer = rows[rows.status == "proxy"], rows[rows.status == "finished"]
-    assert len(proxies) == 4 and len(answer) == 1
+    assert len(proxies) == 4 and len(answer) == 1 and outcome.finished == 1 + proxies.equivalent_to.isna().sum()
     n = 1437
     for row in proxies.itertuples():
         b = row.full_batch_size
         assert (row.proxy_divisor, row.batch_size, row.steps) == (2, b // 2, math.ceil(2 * n / b))
         assert row.epsilon_spent > row.epsilon   # its own ε: σ/2 spends more than the cell's
-    best = proxies.sort_values("accuracy", ascending=False).iloc[0]
     final = answer.iloc[0]
-    assert bool(final.final) and (final.clip_bound, final.batch_size) == (best.clip_bound, best.full_batch_size)
+    best = proxies[proxies.accuracy == proxies.accuracy.max()]   # the proxies' best (C, B): the answer's
+    assert bool(final.final) and (final.clip_bound, final.batch_size) in set(zip(best.clip_bound, best.full_batch_size))
     q, steps = final.batch_size / n, math.ceil(2 * n / final.batch_size)
     assert (final.sample_rate, final.steps) == (pytest.approx(q), steps)
     assert_calibrated(final.noise_multiplier, 2.0, 1e-5, q, steps)
