@@ -11,7 +11,8 @@ m ∈ {0.5, 1}; seed 0).
   accuracy each epoch; ``tune.grid_search`` over every (ε, C, B, m).
 - **dptune** runs (``dptune sweep`` of the same cells and grid), one per lever:
   ``dptune``: the default pruning (σ√T plateau, minimum steps, two kept B spread across the plateau);
-  ``dptune-asha``: with ASHA early stopping (``search.scheduler: asha``, within a B);
+  ``dptune-asha``: with ASHA early stopping (``search.scheduler: asha``, within a B, the first rung
+  after 20 optimizer steps, as the embedded default); ``dptune-asha-epochs``: rungs at epoch ends;
   ``dptune-proxy``: proxy runs (``search.proxy``: every configuration at B/k and σ/k for the cell's T,
   then each cell's choice once at full scale); ``dptune-proxy-asha``: both;
   ``…-all-B``: the same over every B on the plateau;
@@ -43,8 +44,12 @@ from pathlib import Path
 
 DELTA, SEED = 1e-5, 0
 ETA_REF, B_REF = 2.0, 128
-RUNS = ["baseline", "dptune", "dptune-asha", "dptune-proxy", "dptune-proxy-asha", "dptune-all-B",
-        "dptune-asha-all-B", "dptune-proxy-all-B"]
+RUNS = ["baseline", "dptune", "dptune-asha", "dptune-asha-epochs", "dptune-proxy", "dptune-proxy-asha",
+        "dptune-all-B", "dptune-asha-all-B", "dptune-proxy-all-B"]
+#: The scheduler of the runs named ``…asha…``: rungs in optimizer steps (the embedded default's), or at
+#: epoch ends for ``…asha-epochs…``.
+ASHA = {"steps": "{name: asha, grace_steps: 20, reduction_factor: 3}",
+        "epochs": "{name: asha, grace_epochs: 1, reduction_factor: 3}"}
 #: Training-set sizes of the datasets (what the baseline's T·B is counted with).
 TRAIN_SIZE = {"digits": 1437, "mnist5k": 4000}
 
@@ -119,12 +124,12 @@ def run_baseline(args: argparse.Namespace, storage: str) -> dict:
             "best": best}
 
 
-def spec_text(args: argparse.Namespace, *, scheduler: bool, capped: bool, proxy: int) -> str:
+def spec_text(args: argparse.Namespace, *, scheduler: str | None, capped: bool, proxy: int) -> str:
     """The cells as a dptune sweep spec (the embedded default's pruning); ``capped=False`` searches
     every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 ranks at B/k and σ/k, then
     trains each cell's choice at full scale."""
     search = ("search: {algorithm: grid"
-              + (", scheduler: {name: asha, grace_epochs: 1, reduction_factor: 3}" if scheduler else "")
+              + (f", scheduler: {ASHA[scheduler]}" if scheduler else "")
               + (f", proxy: {{batch_divisor: {proxy}}}" if proxy > 1 else "") + "}")
     return f"""experiment: e2e
 axes: {{epsilon: {args.epsilons}, delta: {DELTA}, backbone: [cnn], dataset: [{args.dataset}], epochs: [{args.epochs}]}}
@@ -142,7 +147,8 @@ resources: {{cpu: 1, gpu: 0}}
 def run_dptune(args: argparse.Namespace, name: str, storage: str) -> dict:
     base, _, checkout = name.partition("@")
     spec = Path(storage) / "spec.yaml"
-    spec.write_text(spec_text(args, scheduler="asha" in base, capped=not base.endswith("all-B"),
+    scheduler = ("epochs" if "asha-epochs" in base else "steps") if "asha" in base else None
+    spec.write_text(spec_text(args, scheduler=scheduler, capped=not base.endswith("all-B"),
                               proxy=args.proxy_divisor if "proxy" in base else 1))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTUNE_CACHE_DIR": str(Path(storage) / "cache")}
     if checkout:

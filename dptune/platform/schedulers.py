@@ -1,5 +1,6 @@
 """Early stopping within a cell (``search.scheduler``): Ray Tune's ASHA or median stopping, one
-instance per group of comparable trials, epochs as the resource.
+instance per group of comparable trials, epochs (or, with ``grace_steps``, optimizer steps) as the
+resource.
 
 Ray Tune's schedulers compare every trial of an experiment with every other; a sweep's cells
 differ in ε, backbone, dataset and epochs, so their accuracies are not comparable, and within a
@@ -7,7 +8,9 @@ cell, trials of different B take different numbers of steps per epoch, so their 
 not either (a large-B trial has taken a few steps when a small-B one has taken many). A
 :class:`PerCellScheduler` gives each group — the trials of one cell with the same B, or with
 ``within: cell`` the whole cell — its own ``AsyncHyperBandScheduler`` (rungs at epoch ends:
-``time_attr="epoch"``, ``max_t`` the cell's epochs) or ``MedianStoppingRule``, and keeps their
+``time_attr="epoch"``, ``max_t`` the cell's epochs; with ``grace_steps``, rungs at optimizer steps
+grace·rf^k, each taken at the first epoch end past it: ``time_attr="step"``) or
+``MedianStoppingRule``, and keeps their
 state in a file beside the experiment, so
 ``dptune resume`` continues with the rungs already recorded and the stop decisions already taken
 (Ray Tune restores its searcher but builds a scheduler afresh). A trial stopped just before a
@@ -35,16 +38,24 @@ from .layout import ExperimentPaths
 STATE_FILE = "dptune-scheduler.pkl"
 #: The reported metric that counts epochs (the scheduler's resource).
 TIME_ATTR = "epoch"
+#: The reported metric that counts optimizer steps (the resource with ``grace_steps``), and the bound
+#: of its rungs (above any trial's T).
+STEP_ATTR = "step"
+MAX_STEPS = 2**31
 
 
 def cell_scheduler(settings: Scheduler, epochs: float, *, metric: str, mode: str) -> TrialScheduler:
-    """The scheduler of one cell whose trials train ``epochs`` epochs."""
+    """The scheduler of one cell whose trials train ``epochs`` epochs: epochs as the resource, or
+    optimizer steps with ``grace_steps`` (then rungs run up to :data:`MAX_STEPS`; a trial ends at
+    its own T whatever the rungs above it)."""
+    by_steps = settings.grace_steps is not None
+    time_attr, grace = (STEP_ATTR, settings.grace_steps) if by_steps else (TIME_ATTR, settings.grace_epochs)
     if settings.name == "asha":
-        return AsyncHyperBandScheduler(time_attr=TIME_ATTR, metric=metric, mode=mode, max_t=math.ceil(epochs),
-                                       grace_period=settings.grace_epochs,
+        return AsyncHyperBandScheduler(time_attr=time_attr, metric=metric, mode=mode,
+                                       max_t=MAX_STEPS if by_steps else math.ceil(epochs), grace_period=grace,
                                        reduction_factor=settings.reduction_factor)
     if settings.name == "median":
-        return MedianStoppingRule(time_attr=TIME_ATTR, metric=metric, mode=mode, grace_period=settings.grace_epochs,
+        return MedianStoppingRule(time_attr=time_attr, metric=metric, mode=mode, grace_period=grace,
                                   min_samples_required=settings.min_samples, hard_stop=True)
     raise UserError(f"scheduler must be one of asha, median; got {settings.name!r}")
 

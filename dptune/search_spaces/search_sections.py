@@ -119,9 +119,11 @@ SCHEDULERS = ("none", "asha", "median")
 
 @dataclass(frozen=True)
 class Scheduler:
-    """Early stopping within a cell, epochs as the resource (``search.scheduler``).
+    """Early stopping within a cell (``search.scheduler``), epochs as the resource, or optimizer
+    steps with ``grace_steps`` (a large-B trial's epoch is a few steps: a rung after one epoch of
+    B = 512 judges 3 noisy steps; ``grace_steps`` puts the first rung after that many steps).
 
-    ``asha``: asynchronous successive halving: rungs at epochs grace·rf^k; a trial reaching a rung
+    ``asha``: asynchronous successive halving: rungs at grace·rf^k (epochs, or steps); a trial reaching a rung
     below the (1 − 1/rf) quantile of the cell's trials recorded there is stopped. ``median``: a
     trial whose best result so far is below the median of the cell's other trials' running means
     at the same epoch is stopped (after ``grace_epochs`` and once ``min_samples`` trials are known).
@@ -136,6 +138,8 @@ class Scheduler:
     #: at B = 512 an epoch is a few steps, so large-B trials look worst at the first rung although
     #: they often end best (measured in BENCHMARKS.md, "Time to an answer").
     within: str = "batch_size"
+    #: the first rung in optimizer steps instead of epochs (then steps are the resource)
+    grace_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -395,14 +399,20 @@ def parse_scheduler(value: Any) -> Scheduler:
     ``{name: median, grace_epochs: 1, min_samples: 3}``, each with ``within: batch_size | cell``."""
     if value is None or isinstance(value, str):
         value = {"name": value or "none"}
-    raw = mapping(value, "search.scheduler", ("name", "grace_epochs", "reduction_factor", "min_samples", "within"))
+    raw = mapping(value, "search.scheduler", ("name", "grace_epochs", "grace_steps", "reduction_factor", "min_samples",
+                                              "within"))
     name = choice(raw.get("name", "none"), "search.scheduler.name", SCHEDULERS)
-    own = {"none": (), "asha": ("grace_epochs", "reduction_factor"), "median": ("grace_epochs", "min_samples")}[name]
-    for key in ("grace_epochs", "reduction_factor", "min_samples"):
+    own = {"none": (), "asha": ("grace_epochs", "grace_steps", "reduction_factor"),
+           "median": ("grace_epochs", "grace_steps", "min_samples")}[name]
+    if "grace_epochs" in raw and "grace_steps" in raw:
+        raise SpecError("search.scheduler.grace_steps: give grace_epochs or grace_steps, not both (steps make "
+                        "optimizer steps the resource)")
+    for key in ("grace_epochs", "grace_steps", "reduction_factor", "min_samples"):
         if key in raw and key not in own:
             raise SpecError(f"search.scheduler.{key}: does not apply to scheduler {name}"
                             + (f" (it takes: {', '.join(own)})" if own else ""))
-    checks = {"grace_epochs": lambda v, p: integer(v, p, ge=1), "reduction_factor": lambda v, p: number(v, p, gt=1),
+    checks = {"grace_epochs": lambda v, p: integer(v, p, ge=1), "grace_steps": lambda v, p: integer(v, p, ge=1),
+              "reduction_factor": lambda v, p: number(v, p, gt=1),
               "min_samples": lambda v, p: integer(v, p, ge=1),
               "within": lambda v, p: choice(v, p, SCHEDULER_GROUPS)}
     return Scheduler(name, **{k: checks[k](v, f"search.scheduler.{k}") for k, v in raw.items() if k != "name"})
@@ -548,7 +558,7 @@ def check_scheduler(spec: Spec, catalog: Catalog) -> None:
     must come before the last epoch of the shortest cell."""
     scheduler = spec["search"].scheduler
     shortest = min(spec["axes"].epochs)
-    if scheduler.name != "none" and scheduler.grace_epochs >= shortest:
+    if scheduler.name != "none" and scheduler.grace_steps is None and scheduler.grace_epochs >= shortest:
         raise SpecError(f"search.scheduler.grace_epochs: must be < the smallest axes.epochs ({shortest:g}) for "
                         f"{scheduler.name} to stop anything; got {scheduler.grace_epochs}")
 

@@ -126,6 +126,32 @@ def test_asha_stops_exactly_the_trials_it_should_within_each_cell(rigged_ray, tm
     assert (again.loc[before.index, "written_at"] == before.written_at).all()
 
 
+def test_asha_with_rungs_in_steps_judges_a_trial_at_the_first_epoch_end_past_its_rung(rigged_ray, tmp_path, catalog):
+    # B = 20 of N = 200: T = 30, 10 steps an epoch; grace_steps 15 puts the only rung (15; 45 > T) at
+    # step 15, which a trial reaches at its second epoch end (step 20): the same trials as with
+    # grace_epochs 1 are stopped (the rigged curves keep their order), but after 2 epochs, not 1
+    plan, settings, rows = run(tmp_path, catalog, {"name": "asha", "grace_steps": 15, "reduction_factor": RF},
+                               name="asha-steps")
+    stopped = rows[rows.status == "stopped"]
+    assert {(r.epsilon, round(r.clip_bound, 6)) for r in stopped.itertuples()} == expected_stopped()
+    q, steps = sample_rate(20, N), num_steps(EPOCHS, N, 20)
+    for r in stopped.itertuples():
+        sigma = plan.cells[0 if r.epsilon == 1 else 1].row(20)["noise_multiplier"]
+        assert (r.epoch, r.step) == (2, 20)
+        assert r.epsilon_spent == pytest.approx(epsilon_spent(sigma, 1e-5, q, 20), rel=1e-9)
+        assert r.epsilon_spent < r.epsilon
+    assert (rows[rows.status == "finished"].step == steps).all()
+
+
+def test_rungs_in_steps_or_epochs_not_both(catalog):
+    assert load_spec(spec_of({"name": "asha", "grace_steps": 20}), catalog)["search"].scheduler.grace_steps == 20
+    for bad, message in [({"name": "asha", "grace_steps": 20, "grace_epochs": 1}, "give grace_epochs or grace_steps"),
+                         ({"name": "asha", "grace_steps": 0}, "search.scheduler.grace_steps: must be"),
+                         ({"name": "none", "grace_steps": 5}, "grace_steps: does not apply to scheduler none")]:
+        with pytest.raises(SpecError, match=__import__("re").escape(message)):
+            load_spec(spec_of(bad), catalog)
+
+
 def test_asha_compares_trials_of_the_same_batch_size_only(rigged_ray, tmp_path, catalog):
     # two B with the same accuracy curves: compared within each B, each B's group stops exactly the
     # single-B set; compared across the cell, the second B's trials would meet the first B's rungs
