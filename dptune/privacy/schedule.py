@@ -21,6 +21,12 @@ def epoch_end_steps(epochs: float, steps: int) -> list[int]:
     return [min(steps, round(epoch * steps / epochs)) for epoch in range(1, math.ceil(epochs) + 1)]
 
 
+def accounted_steps(epochs: float, steps: int) -> list[int]:
+    """The distinct step counts, after at least one step, at which a run's ε is accounted (its epoch
+    ends): the one list the plan caches ε for and the trainer reads it at."""
+    return sorted({t for t in epoch_end_steps(epochs, steps) if t > 0})
+
+
 def num_steps(epochs: float, dataset_size: int, batch_size: int) -> int:
     """T = ⌈E·N/B⌉, the optimizer steps of E epochs over N examples at expected batch size B."""
     return math.ceil(epochs * dataset_size / batch_size)

@@ -21,7 +21,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 from ..privacy.accountant import epsilon_curve
 from ..privacy.cache import cached
-from ..privacy.schedule import epoch_end_steps
+from ..privacy.schedule import accounted_steps
 from ..privacy.calibration import calibrate_noise_series, sigma_key
 
 
@@ -67,7 +67,7 @@ def _calibrate_series(series: Sequence[NoiseRequest], curves: bool = False) -> l
                                     norm_estimator=first.norm_estimator, sketch_k=first.sketch_k)
     for r, sigma in zip(series, sigmas):
         if curves and r.epochs is not None:
-            epsilon_curve(sigma, r.delta, r.sample_rate, sorted({t for t in epoch_end_steps(r.epochs, r.steps) if t}),
+            epsilon_curve(sigma, r.delta, r.sample_rate, accounted_steps(r.epochs, r.steps),
                           norm_estimator=r.norm_estimator, sketch_k=r.sketch_k)
     return sigmas
 

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ..errors import UserError
 from ..privacy import calibrate_noise
 from ..privacy.accountant import epsilon_curve
-from ..privacy.schedule import epoch_end_steps, num_steps, sample_rate
+from ..privacy.schedule import accounted_steps, epoch_end_steps, num_steps, sample_rate
 from ..registry import check_options
 from .batching import model_outputs, to_device
 from .config import TrainConfig
@@ -209,12 +209,11 @@ class Trainer:
         """ε spent at the end of every epoch (0 before any step), from one accountant evaluation on
         the mesh of the whole run (:func:`~dptune.privacy.accountant.epsilon_curve`) instead of one per
         epoch: in a short trial the per-epoch evaluations cost about as much as the training."""
-        ends = self.epoch_ends
-        counts = sorted({t for t in ends if t > 0})
+        counts = accounted_steps(self.cfg.epochs, self.plan.steps)
         curve = dict(zip(counts, epsilon_curve(self.plan.noise_multiplier, self.cfg.delta, self.plan.sample_rate,
                                                counts, norm_estimator=self.cfg.norm_estimator,
                                                sketch_k=self.cfg.sketch_k)))
-        return [curve.get(t, 0.0) for t in ends]
+        return [curve.get(t, 0.0) for t in self.epoch_ends]
 
     @property
     def done(self) -> bool:
