@@ -37,64 +37,95 @@ from torch.autograd.graph import get_gradient_edge
 
 from ..errors import UserError
 from .batching import Inputs, batch_len, model_outputs
-from .layer_rules import BROADCAST, RULES, Call, NormContext, Rule
+from .composite_rule import COMPOSITE, detached
+from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext, Rule, _materialised_rule
 from .norm_estimators import WEIGHT_NORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
 
-#: Relative tolerance of the first-batch check that the hooks saw every use of every parameter.
+#: Relative tolerance of the first-batch check that the hooks saw every use of every parameter, and
+#: its floor, relative to the norm of the whole batch gradient (a parameter whose true gradient is 0,
+#: e.g. an InstanceNorm scale before a mean over positions, compares rounding errors).
 COVERAGE_RTOL = 1e-3
+COVERAGE_FLOOR = 1e-9
 
 
 @dataclass
 class _Planned:
-    """A module with trainable parameters of its own, the rule that handles it, and its trainable
-    parameter names (local) with their names in the model."""
+    """A module that handles trainable parameters (its own, or as a composite unit those of its
+    sub-modules), the rule that handles it, and the parameters' names inside it with their names in
+    the model. ``tied``: those of its names used by other planned modules too."""
 
     name: str
     module: nn.Module
     rule: Rule
     names: list[str]
     qualified: list[str]
+    tied: set = field(default_factory=set)
     calls: list[Call] = field(default_factory=list)
     edges: list = field(default_factory=list)
     form: str = "unused"
     kept_bytes: int = 0
+    expected: int = 0  # output gradients awaited in a backward (two-pass mode)
     arrived: int = 0  # output gradients received in this backward (two-pass mode)
+    reduced: bool = False  # its norms are taken in this backward (two-pass mode)
     sq: torch.Tensor | None = None  # per-sample squared norms, once reduced (two-pass mode)
     batch_grads: dict = field(default_factory=dict)  # Σ_i g_i for the coverage check (two-pass mode)
 
+    def local_to_model(self) -> dict[str, str]:
+        return dict(zip(self.names, self.qualified))
+
+
+def _inside(name: str, unit: str) -> bool:
+    """Module ``name`` is ``unit`` or one of its sub-modules."""
+    return unit == "" or name == unit or name.startswith(unit + ".")
+
+
+def _closed_form(module: nn.Module, local: str) -> Rule | None:
+    """The closed-form rule for ``module``'s own parameter ``local``, if any."""
+    if BROADCAST.handles(module) and local in BROADCAST.parameter_names(module):
+        return BROADCAST
+    return next((r for r in CLOSED_FORMS if r.handles(module)), None)
+
 
 def plan_modules(model: nn.Module) -> list[_Planned]:
-    """The modules that own trainable parameters and their rules; raises ValueError listing every
-    trainable parameter no rule can give a per-sample norm."""
+    """The modules that handle the trainable parameters, with their rules.
+
+    A parameter whose module has a closed form is that module's; one whose module has none goes to
+    the outermost such module above it, taken as one unit (``composite_rule``: an attention block
+    whose parameter is used functionally, an RNN, a block that uses its parameter around a
+    sub-module). A parameter used by several modules (tied) is planned with each; the engine adds
+    its per-example gradients over those uses before its norm."""
+    first_name: dict[int, str] = {}
     owners: dict[int, list[tuple[str, nn.Module, str]]] = {}
     for mod_name, module in model.named_modules(remove_duplicate=False):
+        first_name.setdefault(id(module), mod_name)
         for local, p in module.named_parameters(recurse=False):
             if p.requires_grad:
                 entries = owners.setdefault(id(p), [])
                 if all(m is not module for _, m, _ in entries):
-                    entries.append((mod_name, module, local))
-    problems, planned = [], {}
-    for entries in owners.values():
-        mod_name, module, local = entries[0]
-        qualified = f"{mod_name}.{local}" if mod_name else local
-        if len(entries) > 1:
-            problems.append(f"{qualified}: shared by modules {', '.join(e[0] or '<root>' for e in entries)}; "
-                            "their per-sample gradients add up before the norm (untie or freeze it)")
-            continue
-        if BROADCAST.handles(module) and local in BROADCAST.parameter_names(module):
-            rule: Rule | None = BROADCAST
-        else:
-            rule = next((r for r in RULES if r.handles(module)), None)
-        if rule is None:
-            problems.append(f"{qualified}: owned by {type(module).__name__}, which has sub-modules and no "
-                            "per-sample rule (wrap the parameter in its own leaf module, or freeze it)")
-            continue
-        entry = planned.setdefault((id(module), rule.name), _Planned(mod_name, module, rule, [], []))
-        entry.names.append(local)
-        entry.qualified.append(qualified)
-    if problems:
-        raise UserError("no per-sample norm for these trainable parameters:\n  " + "\n  ".join(problems))
+                    entries.append((first_name[id(module)], module, local))
+    canonical = {id(p): n for n, p in trainable_parameters(model).items()}
+    units = {mod_name: module for entries in owners.values() for mod_name, module, local in entries
+             if _closed_form(module, local) is None}
+    outer = {u: m for u, m in units.items() if not any(v != u and _inside(u, v) for v in units)}
+    planned: dict[tuple[int, str], _Planned] = {}
+    for pid, entries in owners.items():
+        uses: dict[tuple[int, str], tuple[str, nn.Module, Rule, str]] = {}
+        for mod_name, module, local in entries:
+            unit = next((u for u in outer if _inside(mod_name, u)), None)
+            if unit is None:
+                rule = _closed_form(module, local)
+                uses.setdefault((id(module), rule.name), (mod_name, module, rule, local))
+            else:
+                inner = mod_name[len(unit):].lstrip(".") if unit else mod_name
+                uses.setdefault((id(outer[unit]), COMPOSITE.name),
+                                (unit, outer[unit], COMPOSITE, f"{inner}.{local}" if inner else local))
+        for key, (name, module, rule, local) in uses.items():
+            entry = planned.setdefault(key, _Planned(name, module, rule, [], []))
+            entry.names.append(local)
+            entry.qualified.append(canonical[pid])
+            if len(uses) > 1:
+                entry.tied.add(local)
     return list(planned.values())
 
 
@@ -129,6 +160,8 @@ class BookKeepingEngine:
         self._streaming: Callable[[_Planned], None] | None = None   # two-pass mode: each layer's reduction
         self._sums: dict[str, torch.Tensor] = {}
         self._factors: torch.Tensor | None = None
+        self._tied: dict[str, torch.Tensor] = {}   # tied parameter → its per-example gradients, summed over uses
+        self._batch_size = 0
 
     def start_step(self, seed: int | None) -> None:
         """Draw the randomised estimators' probes of the coming logical batch per layer from
@@ -150,17 +183,12 @@ class BookKeepingEngine:
             return None
 
         def record(entry: _Planned, module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
-            if not isinstance(output, torch.Tensor):
-                raise UserError(f"{', '.join(entry.qualified)}: {type(module).__name__} returns "
-                                 f"{type(output).__name__}, not one tensor; no per-sample rule")
-            if not output.requires_grad:
+            where = ", ".join(entry.qualified)
+            outputs = entry.rule.outputs(module, output, where)
+            if not any(t.requires_grad for t in outputs):
                 return  # no gradient flows to its parameters through this call
-            if not (args and isinstance(args[0], torch.Tensor) and args[0].shape[:1] == output.shape[:1]
-                    == (batch_size,)):
-                raise UserError(f"{', '.join(entry.qualified)}: the engine needs the batch on dim 0 of "
-                                 f"{type(module).__name__}'s first input and output")
-            call = Call(tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args), dict(kwargs))
-            self._track(entry, call, output)
+            entry.rule.check_call(module, args, kwargs, outputs, batch_size, where)
+            self._track(entry, Call(detached(args), detached(kwargs)), outputs)
 
         def expand_parameters(entry: _Planned, module: nn.Module, args: tuple, kwargs: dict) -> None:
             # The model sees each broadcast parameter as its per-example expansion [b, *shape[1:]].
@@ -168,7 +196,7 @@ class BookKeepingEngine:
                 p = module._parameters[local]
                 expanded = p.expand(batch_size, *p.shape[1:])
                 module._parameters[local] = expanded
-                self._track(entry, Call((local,), {}), expanded)
+                self._track(entry, Call((local,), {}), [expanded])
 
         def restore_parameters(entry: _Planned, params: dict) -> None:
             for local, p in params.items():
@@ -182,9 +210,10 @@ class BookKeepingEngine:
                                                                   with_kwargs=True))
                 restores.append(functools.partial(restore_parameters, e, saved))
             else:
-                handles += [e.module.register_forward_pre_hook(functools.partial(broadcast_input, e),
-                                                               with_kwargs=True),
-                            e.module.register_forward_hook(functools.partial(record, e), with_kwargs=True)]
+                if e.rule.expands_shared_input:
+                    handles.append(e.module.register_forward_pre_hook(functools.partial(broadcast_input, e),
+                                                                      with_kwargs=True))
+                handles.append(e.module.register_forward_hook(functools.partial(record, e), with_kwargs=True))
         try:
             yield
         finally:
@@ -193,55 +222,90 @@ class BookKeepingEngine:
             for restore in restores:
                 restore()
 
-    def _track(self, entry: _Planned, call: Call, output: torch.Tensor) -> None:
-        """Keep ``call`` with its output's gradient edge; its G is delivered by a tensor hook."""
+    def _track(self, entry: _Planned, call: Call, outputs: list[torch.Tensor]) -> None:
+        """Keep ``call`` with the gradient edges of its outputs; each G is delivered by a tensor hook."""
         entry.calls.append(call)
-        entry.edges.append(get_gradient_edge(output))
-        call.out_bytes = output.numel() * output.element_size()
-        output.register_hook(functools.partial(self._arrived, entry, call))
+        call.grads = [None] * len(outputs)
+        call.shapes = [(t.shape, t.dtype, t.device) for t in outputs]
+        call.out_bytes = sum(t.numel() * t.element_size() for t in outputs)
+        for j, output in enumerate(outputs):
+            if output.requires_grad:
+                entry.edges.append(get_gradient_edge(output))
+                entry.expected += 1
+                output.register_hook(functools.partial(self._arrived, entry, call, j))
 
-    def _arrived(self, entry: _Planned, call: Call, grad: torch.Tensor) -> None:
-        """Tensor hook: the output gradient G of one call (before any in-place change of the output)."""
-        call.grad = grad.detach().unsqueeze(1) if entry.rule is BROADCAST else grad.detach()
+    def _arrived(self, entry: _Planned, call: Call, j: int, grad: torch.Tensor) -> None:
+        """Tensor hook: the gradient of output j of one call (before any in-place change of it)."""
+        call.grads[j] = grad.detach()
         if self._streaming is not None:
             entry.arrived += 1
-            if entry.arrived == len(entry.calls):
+            if entry.arrived == entry.expected:
                 self._streaming(entry)
+
+    def _layer(self, entry: _Planned, batch_size: int) -> LayerGrads | None:
+        """``entry``'s per-sample view of its untied parameters (None if it has none or got no
+        gradient); its tied parameters' per-example gradients are added to ``self._tied``."""
+        calls = [c for c in entry.calls if c.received]
+        if not calls:
+            return None
+        tied = [n for n in entry.names if n in entry.tied]
+        kept, form = 0, ""
+        if tied:
+            for local, g in COMPOSITE.per_example(entry.module, calls, tied, batch_size).items():
+                q = entry.qualified[entry.names.index(local)]
+                self._tied[q] = self._tied[q] + g if q in self._tied else g
+                kept += g.numel() * g.element_size()
+            form = f"tied {', '.join(tied)}: per-example vmap, summed over its uses"
+        own = [n for n in entry.names if n not in entry.tied]
+        grads = entry.rule.per_sample(entry.module, calls, own, self.ctx, batch_size) if own else None
+        entry.form = "; ".join(f for f in (grads.form if grads else "", form) if f)
+        entry.kept_bytes = kept + (grads.kept_bytes if grads else 0)
+        return grads
+
+    def _tied_layer(self) -> list[tuple[dict[str, str], LayerGrads]]:
+        """The tied parameters as one more layer: norms of the summed per-example gradients."""
+        if not self._tied:
+            return []
+        return [({q: q for q in self._tied}, _materialised_rule(self._tied, "tied", 0))]
 
     def _reduce(self, entry: _Planned) -> None:
         """Two-pass mode, first pass: one layer's per-sample norms (and, first batch, its Σ_i g_i);
         drop its G (its inputs A stay for the second pass)."""
-        calls = [c for c in entry.calls if c.grad is not None]
-        if calls:
-            grads = entry.rule.per_sample(entry.module, calls, entry.names, self.ctx, len(calls[0].grad))
-            entry.sq, entry.form, entry.kept_bytes = grads.sq, grads.form, grads.kept_bytes
+        entry.reduced = True
+        grads = self._layer(entry, self._batch_size)
+        if grads is not None:
+            entry.sq = grads.sq
             if not self.checked:
                 entry.batch_grads = grads.clipped(torch.ones_like(grads.sq))
         for call in entry.calls:
-            call.grad = None
+            call.clear()
 
     def _reduce_clipped(self, entry: _Planned) -> None:
         """Two-pass mode, second pass: one layer's Σ_i c_i g_i from its rule and its (A, G), so no
         example counts for more than its norm says, whatever path the batch took; drop A and G."""
-        calls = [c for c in entry.calls if c.grad is not None]
-        if calls:
-            grads = entry.rule.per_sample(entry.module, calls, entry.names, self.ctx, len(calls[0].grad))
-            for local, g in grads.clipped(self._factors).items():
-                qualified = entry.qualified[entry.names.index(local)]
-                self._sums[qualified] += g.reshape(self._sums[qualified].shape).to(self._sums[qualified].dtype)
+        calls = [c for c in entry.calls if c.received]
+        own = [n for n in entry.names if n not in entry.tied]
+        if calls and own:
+            grads = entry.rule.per_sample(entry.module, calls, own, self.ctx, self._batch_size)
+            self._add(self._sums, entry.local_to_model(), grads.clipped(self._factors))
         for call in entry.calls:
-            call.args, call.grad = (), None
+            call.args, call.kwargs, call.grads = (), {}, []
+
+    @staticmethod
+    def _add(sums: dict[str, torch.Tensor], names: dict[str, str], grads: dict[str, torch.Tensor]) -> None:
+        for local, g in grads.items():
+            q = names[local]
+            sums[q] += g.reshape(sums[q].shape).to(sums[q].dtype)
 
     # ---- one micro-batch ----------------------------------------------------------------------------
 
     def clipped_sum(self, inputs: Inputs, targets: torch.Tensor,
                     factors: FactorFn) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) with c = factors(n)."""
-        batch_size = batch_len(inputs)
-        for entry in self.planned:
-            entry.calls, entry.edges, entry.arrived, entry.sq, entry.batch_grads = [], [], 0, None, {}
+        self._batch_size = batch_len(inputs)
+        self._reset()
         try:
-            with self._recording(batch_size):
+            with self._recording(self._batch_size):
                 outputs = model_outputs(self.model, inputs)
             losses = self.loss_fn(outputs, targets)  # [b]
             kept = sum(c.out_bytes for e in self.planned for c in e.calls)
@@ -251,9 +315,14 @@ class BookKeepingEngine:
             self.mode = "two backward passes"
             return self._two_passes(losses, factors)
         finally:
-            self._streaming, self._sums, self._factors = None, {}, None
-            for entry in self.planned:  # release the stored activations and gradients
-                entry.calls, entry.edges, entry.sq, entry.batch_grads = [], [], None, {}
+            self._reset()  # release the stored activations and gradients
+
+    def _reset(self) -> None:
+        self._streaming, self._sums, self._factors, self._tied = None, {}, None, {}
+        for entry in self.planned:
+            entry.calls, entry.edges, entry.sq, entry.batch_grads = [], [], None, {}
+            entry.expected = entry.arrived = 0
+            entry.reduced = False
 
     def _budget(self, device: torch.device) -> float:
         """Bytes of output gradients the engine may keep (``max_kept_bytes``, else half the free memory)."""
@@ -269,28 +338,26 @@ class BookKeepingEngine:
                                             allow_unused=True)
             for entry in self.planned:
                 for call in entry.calls:
-                    call.grad = None  # the hooks fired for the reference too: start again
+                    call.clear()  # the hooks fired for the reference too: start again
         edges = [edge for entry in self.planned for edge in entry.edges]
         if edges:  # G reaches each call through its tensor hook
             torch.autograd.grad(losses.sum(), edges, allow_unused=True, materialize_grads=False)
         layers = []
         for entry in self.planned:
-            calls = [c for c in entry.calls if c.grad is not None]
-            if calls:
-                grads = entry.rule.per_sample(entry.module, calls, entry.names, self.ctx, len(losses))
-                entry.form, entry.kept_bytes = grads.form, grads.kept_bytes
-                layers.append((entry, grads))
+            grads = self._layer(entry, len(losses))
+            if grads is not None:
+                layers.append((entry.local_to_model(), grads))
+        layers += self._tied_layer()
         if reference is not None:
-            self._check_coverage({e.qualified[e.names.index(local)]: g for e, grads in layers
-                                  for local, g in grads.clipped(torch.ones_like(grads.sq)).items()},
-                                 dict(zip(self.params, reference)))
+            recon = {n: torch.zeros_like(p) for n, p in self.params.items()}
+            for names, grads in layers:
+                self._add(recon, names, grads.clipped(torch.ones_like(grads.sq)))
+            self._check_coverage(recon, dict(zip(self.params, reference)), {q for names, _ in layers for q in names.values()})
         norms = self._norms([grads.sq for _, grads in layers], losses)
         c = factors(norms).detach()  # [b]
         sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        for entry, grads in layers:
-            for local, g in grads.clipped(c).items():
-                qualified = entry.qualified[entry.names.index(local)]
-                sums[qualified] += g.reshape(sums[qualified].shape).to(sums[qualified].dtype)
+        for names, grads in layers:
+            self._add(sums, names, grads.clipped(c))
         return sums, norms
 
     def _two_passes(self, losses: torch.Tensor, factors: FactorFn) -> tuple[dict, torch.Tensor]:
@@ -298,26 +365,35 @@ class BookKeepingEngine:
         clipped sums layer by layer during a second backward to the recorded outputs, from the same
         rules as the norms (Opacus's ghost clipping takes the clipped sum from autograd instead, which
         counts a use of a parameter the hooks do not see and so can exceed C for that example).
+        Tied parameters keep their summed per-example gradients between the passes.
         Every step checks that no parameter got gradient from a module whose hooks did not fire."""
         params = list(self.params.values())
         self._streaming = self._reduce
         batch = torch.autograd.grad(losses.sum(), params, retain_graph=True, allow_unused=True)
         self._streaming = None
         for entry in self.planned:
-            if entry.calls and entry.sq is None:
+            if entry.calls and not entry.reduced:
                 self._reduce(entry)  # some of its outputs got no gradient
+        tied = self._tied_layer()
         if not self.checked:
-            self._check_coverage({e.qualified[e.names.index(local)]: g for e in self.planned
-                                  for local, g in e.batch_grads.items()}, dict(zip(self.params, batch)))
+            recon = {n: torch.zeros_like(p) for n, p in self.params.items()}
+            for e in self.planned:
+                self._add(recon, e.local_to_model(), e.batch_grads)
+            for names, grads in tied:
+                self._add(recon, names, grads.clipped(torch.ones_like(grads.sq)))
+            self._check_coverage(recon, dict(zip(self.params, batch)),
+                                 {q for e in self.planned if e.batch_grads for q in e.qualified} | set(self._tied))
         reached = dict(zip(self.params, batch))
         unseen = [q for e in self.planned if not e.calls for q in e.qualified
                   if reached.get(q) is not None and bool(reached[q].abs().max() > 0)]
         if unseen:
             raise UserError("these parameters get gradient the hooks do not see (used outside their module, e.g. by "
                             "a functional call on some inputs): " + ", ".join(unseen))
-        norms = self._norms([e.sq for e in self.planned if e.sq is not None], losses)
+        norms = self._norms([e.sq for e in self.planned if e.sq is not None] + [g.sq for _, g in tied], losses)
         self._factors = factors(norms).detach()  # [b]
         self._sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        for names, grads in tied:
+            self._add(self._sums, names, grads.clipped(self._factors))
         for entry in self.planned:
             entry.arrived = 0
         edges = [edge for entry in self.planned for edge in entry.edges]
@@ -326,7 +402,7 @@ class BookKeepingEngine:
             torch.autograd.grad(losses.sum(), edges, allow_unused=True, materialize_grads=False)
         self._streaming = None
         for entry in self.planned:   # a layer some of whose outputs got no gradient
-            if any(c.grad is not None for c in entry.calls):
+            if any(c.received for c in entry.calls):
                 self._reduce_clipped(entry)
         return self._sums, norms
 
@@ -337,13 +413,16 @@ class BookKeepingEngine:
             sq = sq + part.to(sq.dtype)
         return sq.clamp_min(0).sqrt().to(losses.dtype)
 
-    def _check_coverage(self, recon: dict[str, torch.Tensor], reference: dict[str, torch.Tensor | None]) -> None:
-        """Each parameter's batch gradient equals Σ_i g_i from its rule (c = 1, ``recon``); else refuse it.
-        A batch whose gradient is not finite (an example's NaN) proves nothing: the next one is checked."""
+    def _check_coverage(self, recon: dict[str, torch.Tensor], reference: dict[str, torch.Tensor | None],
+                        seen: set[str]) -> None:
+        """Each parameter's batch gradient equals Σ_i g_i from its rules (c = 1, ``recon``; ``seen``:
+        the parameters some rule gave gradient); else refuse it. A batch whose gradient is not finite
+        (an example's NaN) proves nothing: the next one is checked."""
         if not all(bool(torch.isfinite(g).all()) for g in (*recon.values(), *reference.values()) if g is not None):
             return
-        missing = [q for q, g in recon.items() if not _close(g, reference.get(q))]
-        missing += [q for q, g in reference.items() if q not in recon and g is not None and bool(g.abs().max() > 0)]
+        total = math.sqrt(sum(float(g.double().pow(2).sum()) for g in reference.values() if g is not None))
+        missing = [q for q, g in recon.items()
+                   if not _close(g if q in seen else None, reference.get(q), COVERAGE_FLOOR * total)]
         if missing:
             raise UserError("these parameters get gradient the hooks do not see (used outside their "
                              "module, e.g. by a functional call): " + ", ".join(missing))
@@ -371,14 +450,12 @@ def free_memory(device: torch.device) -> float:
     return math.inf
 
 
-def _close(recon: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
-    """The rule's batch gradient matches autograd's (None: no gradient)."""
-    if reference is None:
-        return recon is None or not bool(recon.abs().max() > 0)
-    if recon is None:
-        return not bool(reference.abs().max() > 0)
-    ref = reference.to(torch.promote_types(reference.dtype, torch.float32))
-    diff = (recon.to(ref.dtype).reshape(ref.shape) - ref).norm()
-    return bool(diff <= COVERAGE_RTOL * torch.maximum(ref.norm(), recon.to(ref.dtype).norm()))
-
-
+def _close(recon: torch.Tensor | None, reference: torch.Tensor | None, floor: float) -> bool:
+    """The rule's batch gradient matches autograd's (None: no gradient) within ``COVERAGE_RTOL``,
+    or differs by less than ``floor``."""
+    ref = torch.zeros(()) if reference is None else reference.to(torch.promote_types(reference.dtype, torch.float32))
+    got = torch.zeros((), dtype=ref.dtype) if recon is None else recon.to(ref.dtype)
+    if recon is not None and reference is not None:
+        got = got.reshape(ref.shape)
+    diff = float((got - ref).norm())
+    return diff <= max(COVERAGE_RTOL * max(float(ref.norm()), float(got.norm())), floor)

@@ -12,12 +12,13 @@ optimization on large model at small cost", book-keeping with mixed ghost norms)
 - Σ_i c_i M_i = Aᵀ·diag(c)·G over all examples and positions at once (one matrix product), or
   Σ_i c_i M_i from the materialised M_i.
 
-Rules (``RULES``, tried in order): linear-like (``nn.Linear`` on 2-D or 3-D inputs, HF ``Conv1D``,
-``nn.Conv2d`` with groups = 1 through unfold, LoRA's factors are such Linears), ``nn.Embedding``,
-normalisation layers in closed form (LayerNorm, GroupNorm, RMSNorm; FiLM's scale and shift are
-their affine parameters), and any other leaf module by exact per-sample gradients of that module
-alone (``torch.func`` vmap of a vjp through it). Randomised weight-norm estimators (Hutchinson,
-Hutch++) plug into the linear-like rule.
+Closed forms (``CLOSED_FORMS``, tried in order): linear-like (``nn.Linear`` on 2-D or 3-D inputs,
+HF ``Conv1D``, ``nn.Conv2d`` with groups = 1 through unfold, LoRA's factors are such Linears),
+``nn.Embedding``, normalisation layers (LayerNorm, GroupNorm, RMSNorm; FiLM's scale and shift are
+their affine parameters) and broadcast parameters; every other module goes to
+``composite_rule.Composite`` (exact per-sample gradients of that module as one unit by
+``torch.func``). Randomised weight-norm estimators (Hutchinson, Hutch++) plug into the linear-like
+rule.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, vjp, vmap
 
 from ..errors import UserError
 from .norm_estimators import WEIGHT_NORMS, gram_sq_norms
@@ -52,13 +52,29 @@ def prefer_ghost(batch: int, T: int, d: int, p: int, itemsize: int) -> bool:
 @dataclass
 class Call:
     """One forward call of a recorded module: its (detached) inputs and, after the backward, the
-    gradient of Σ_i ℓ_i with respect to its output (or, for a broadcast parameter, to its
-    per-example expansion)."""
+    gradient of Σ_i ℓ_i with respect to each output tensor its rule reads (``Rule.outputs``; for a
+    broadcast parameter, its per-example expansion). ``grads[j]`` stays None while (or if never)
+    output j gets gradient; ``shapes`` are the outputs' shapes, for the zeros of one that got none."""
 
     args: tuple
     kwargs: dict
-    grad: torch.Tensor | None = None
+    grads: list = field(default_factory=list)
+    shapes: list = field(default_factory=list)
     out_bytes: int = 0
+
+    @property
+    def grad(self) -> torch.Tensor | None:
+        """The output gradient of a single-output call (the closed forms)."""
+        return self.grads[0]
+
+    @property
+    def received(self) -> bool:
+        """Some output of this call got gradient."""
+        return any(g is not None for g in self.grads)
+
+    def clear(self) -> None:
+        """Drop the output gradients (the inputs stay)."""
+        self.grads = [None] * len(self.grads)
 
 
 @dataclass
@@ -125,9 +141,14 @@ def _materialised_rule(per_sample: dict[str, torch.Tensor], form: str, kept: int
 
 
 class Rule(ABC):
-    """A module family: which modules it handles and how it turns their calls into LayerGrads."""
+    """A module family: which modules it handles and how it turns their calls into LayerGrads.
+
+    A closed-form rule reads one output tensor with the batch on dim 0 of it and of the first
+    input (``check_call``); a first input shared by the batch (leading size 1) is expanded to the
+    batch before the call (``expands_shared_input``)."""
 
     name = "rule"
+    expands_shared_input = True
 
     @abstractmethod
     def handles(self, module: nn.Module) -> bool:
@@ -137,6 +158,21 @@ class Rule(ABC):
     def per_sample(self, module: nn.Module, calls: Sequence[Call], names: Sequence[str], ctx: NormContext,
                    batch_size: int) -> LayerGrads:
         """Per-sample squared norms and the clipped-sum function of ``module``'s trainable ``names``."""
+
+    def outputs(self, module: nn.Module, output: object, where: str) -> list[torch.Tensor]:
+        """The output tensors whose gradients this rule reads (``where`` names the module in errors)."""
+        if not isinstance(output, torch.Tensor):
+            raise UserError(f"{where}: {type(module).__name__} returns {type(output).__name__}, not one tensor; "
+                             f"the {self.name} rule needs one")
+        return [output]
+
+    def check_call(self, module: nn.Module, args: tuple, kwargs: dict, outputs: list[torch.Tensor],
+                   batch_size: int, where: str) -> None:
+        """Refuse a call whose first input and output do not carry the batch on dim 0."""
+        if not (args and isinstance(args[0], torch.Tensor) and args[0].shape[:1] == outputs[0].shape[:1]
+                == (batch_size,)):
+            raise UserError(f"{where}: the engine needs the batch on dim 0 of {type(module).__name__}'s first "
+                             "input and output")
 
 
 class LinearLike(Rule):
@@ -365,40 +401,6 @@ class Normalisation(Rule):
         return _materialised_rule(grads, "closed form", 0)
 
 
-class Leaf(Rule):
-    """Any other module without children: exact per-sample gradients of its own parameters by
-    ``torch.func`` (vmap over examples of a vjp through the module alone)."""
-
-    name = "leaf (vmap)"
-
-    def handles(self, module: nn.Module) -> bool:
-        return next(module.children(), None) is None
-
-    def per_sample(self, module, calls, names, ctx, batch_size):
-        params = {n: getattr(module, n).detach() for n in names}
-        total: dict[str, torch.Tensor] = {}
-        for call in calls:
-            if any(isinstance(v, torch.Tensor) for v in call.kwargs.values()):
-                raise UserError(f"{type(module).__name__} ({', '.join(names)}) is called with tensor keyword "
-                                 "arguments; no per-sample rule")
-            batched = [isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch_size for a in call.args]
-
-            def example_grads(g: torch.Tensor, *xs: object, _call: Call = call, _batched: list = batched) -> dict:
-                args = tuple(x.unsqueeze(0) if b else x for x, b in zip(xs, _batched))
-                _, pullback = vjp(lambda p: functional_call(module, p, args, _call.kwargs), params)
-                return pullback(g.unsqueeze(0))[0]
-
-            try:
-                grads = vmap(example_grads, in_dims=(0, *[0 if b else None for b in batched]),
-                             randomness="error")(call.grad, *call.args)  # {name: [b, *shape]}
-            except Exception as exc:
-                raise UserError(f"no per-sample gradient for {type(module).__name__} ({', '.join(names)}): "
-                                 f"{exc}") from exc
-            for n, g in grads.items():
-                total[n] = total[n] + g if n in total else g
-        return _materialised_rule(total, self.name, 0)
-
-
 class Broadcast(Rule):
     """A parameter of leading size 1 that the model broadcasts over the batch (timm ViT's class,
     register and distillation tokens and position embedding): the engine hands the model its
@@ -417,11 +419,11 @@ class Broadcast(Rule):
     def per_sample(self, module, calls, names, ctx, batch_size):
         grads = {}
         for call in calls:  # one call per parameter: args = (its name,)
-            grads[call.args[0]] = call.grad
+            grads[call.args[0]] = call.grad.unsqueeze(1)  # [b, 1, *shape[1:]]
         return _materialised_rule({n: grads[n] for n in names if n in grads}, "per-example expansion", 0)
 
 
-#: Rules in the order they are tried; the leaf fallback last.
+#: The closed forms, in the order they are tried (``composite_rule.COMPOSITE`` covers every other module).
 _LINEAR = LinearLike()
-RULES: list[Rule] = [Conv2d(_LINEAR), _LINEAR, Embedding(), Normalisation(), Leaf()]
+CLOSED_FORMS: list[Rule] = [Conv2d(_LINEAR), _LINEAR, Embedding(), Normalisation()]
 BROADCAST = Broadcast()

@@ -1,0 +1,191 @@
+"""Exact per-sample gradients of any module, taken as one unit: from the module's recorded inputs
+and output gradients alone, ``torch.func.vmap`` over examples of a ``vjp`` through a
+``functional_call`` of the module (its own parameters and its sub-modules', tuple outputs and
+recurrent states included).
+
+The book-keeping engine gives this rule the smallest module that contains every use of a
+parameter no closed form covers: ``nn.MultiheadAttention`` (its ``in_proj_weight`` is used
+functionally beside its ``out_proj``), a user's block that uses its own parameter in an expression
+around a sub-module, a leaf module of unknown algebra. Recurrent layers (``nn.RNN``, ``nn.LSTM``,
+``nn.GRU``, packed sequences included) are replayed by ``recurrent.rnn_forward``, since the fused
+kernels have no batching rule. The per-example gradients are materialised ([b, *shape] per
+parameter): the closed forms stay the fast paths.
+
+Where the batch sits: dim 1 of a sequence-first ``MultiheadAttention``'s query, key and value and
+of an RNN's states; dim 0 of every other input tensor whose leading size is the batch's (any other
+input is shared by the batch) and of every output. A wrong guess cannot pass silently: the engine's
+first-batch check compares Σ_i g_i with the batch gradient.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, vjp, vmap
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import UserError
+from .layer_rules import Call, LayerGrads, NormContext, Rule, _materialised_rule, _nbytes
+from .recurrent import rnn_forward
+
+
+@dataclass
+class _View:
+    """One call as a per-example function: ``forward(params, *inputs)`` gives the tracked outputs of
+    one example (batch of 1) from its slices of ``inputs`` (batched at ``in_dims``); ``cotangents``
+    are the outputs' gradients, batched at ``out_dims``."""
+
+    forward: Callable[..., tuple]
+    inputs: list
+    in_dims: list
+    cotangents: list
+    out_dims: list
+
+
+def detached(value: object) -> object:
+    """``value`` (tensors in tuples, lists, dicts, named tuples such as ``PackedSequence``) detached."""
+    leaves, spec = tree_flatten(value)
+    return tree_unflatten([v.detach() if isinstance(v, torch.Tensor) else v for v in leaves], spec)
+
+
+def _filled(call: Call) -> list[torch.Tensor]:
+    """The call's output gradients, zeros for an output that got none; contiguous (autograd hands
+    out expanded ones, e.g. a mean's, on which some batched backward kernels go wrong: InstanceNorm's)."""
+    return [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+            for g, (shape, dtype, device) in zip(call.grads, call.shapes)]
+
+
+class Composite(Rule):
+    """Any module as one unit (see the module docstring)."""
+
+    name = "module (vmap)"
+    expands_shared_input = False
+
+    def handles(self, module: nn.Module) -> bool:
+        return True
+
+    def outputs(self, module: nn.Module, output: object, where: str) -> list[torch.Tensor]:
+        if isinstance(module, nn.RNNBase):
+            out, state = output
+            data = out.data if isinstance(out, PackedSequence) else out
+            return [data, *(state if isinstance(state, tuple) else (state,))]
+        return [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+
+    def check_call(self, module, args, kwargs, outputs, batch_size, where):
+        if isinstance(module, nn.RNNBase) and module.training and module.dropout > 0 and module.num_layers > 1:
+            raise UserError(f"{where}: {type(module).__name__} with dropout = {module.dropout} between layers; its "
+                             "per-example replay cannot draw the same masks: set dropout to 0")
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        grads = self.per_example(module, calls, names, batch_size)
+        kept = sum(_nbytes(*[a for a in tree_flatten(c.args)[0] if isinstance(a, torch.Tensor)], *_filled(c))
+                   for c in calls)
+        return _materialised_rule(grads, f"per-example vmap ({type(module).__name__})", kept)
+
+    def per_example(self, module: nn.Module, calls: Sequence[Call], names: Sequence[str],
+                    batch_size: int) -> dict[str, torch.Tensor]:
+        """{name: [b, *shape]}: the per-example gradients of ``module``'s parameters ``names`` (dotted
+        paths inside it), summed over its calls."""
+        params = {n: module.get_parameter(n).detach() for n in names}
+        total: dict[str, torch.Tensor] = {}
+        for call in calls:
+            view = (self._recurrent if isinstance(module, nn.RNNBase) else self._generic)(module, call, batch_size)
+
+            def example(cotangents: tuple, inputs: tuple, _view: _View = view) -> dict:
+                _, pullback = vjp(lambda p: _view.forward(p, *inputs), params)
+                return pullback(tuple(g.unsqueeze(d) for g, d in zip(cotangents, _view.out_dims)))[0]
+
+            try:
+                grads = vmap(example, in_dims=(tuple(view.out_dims), tuple(view.in_dims)), randomness="error")(
+                    tuple(view.cotangents), tuple(view.inputs))
+            except UserError:
+                raise
+            except Exception as exc:  # e.g. dropout inside the unit, an op without a batching rule
+                raise UserError(f"no per-sample gradient for {type(module).__name__} ({', '.join(names)}): "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            for n, g in grads.items():
+                total[n] = total[n] + g if n in total else g
+        return total
+
+    # ---- views ------------------------------------------------------------------------------
+
+    def _generic(self, module: nn.Module, call: Call, batch_size: int) -> _View:
+        """Inputs batched on dim 0 (or where ``_input_dims`` says), outputs on dim 0."""
+        leaves, spec = tree_flatten((call.args, call.kwargs))
+        dims = _input_dims(module, call, leaves, batch_size)
+        batched = [i for i, d in enumerate(dims) if d is not None]
+        out_dims = _output_dims(module, call)
+        for shape, d in zip([s for s, _, _ in call.shapes], out_dims):
+            if len(shape) <= d or shape[d] != batch_size:
+                raise UserError(f"{type(module).__name__}: an output of shape {tuple(shape)} has no batch "
+                                f"dimension (dim {d}); its parameters have no per-example gradient")
+
+        def forward(params: dict, *inputs: torch.Tensor) -> tuple:
+            values = list(leaves)
+            for i, x in zip(batched, inputs):
+                values[i] = x.unsqueeze(dims[i])
+            args, kwargs = tree_unflatten(values, spec)
+            return tuple(self.outputs(module, functional_call(module, params, args, kwargs), ""))
+
+        return _View(forward, [leaves[i] for i in batched], [dims[i] for i in batched], _filled(call), out_dims)
+
+    def _recurrent(self, module: nn.RNNBase, call: Call, batch_size: int) -> _View:
+        """An RNN, LSTM or GRU call as ``rnn_forward`` on batch-first padded inputs with lengths."""
+        x = call.args[0]
+        hx = call.args[1] if len(call.args) > 1 else call.kwargs.get("hx")
+        grads = _filled(call)
+        lengths = None
+        if isinstance(x, PackedSequence):
+            padded, lengths = pad_packed_sequence(x, batch_first=True)  # the batch's own order
+            out_grad = pad_packed_sequence(x._replace(data=grads[0]), batch_first=True)[0]
+        else:
+            if x.dim() != 3:
+                raise UserError(f"{type(module).__name__}: an unbatched input has no per-example gradient")
+            padded = x if module.batch_first else x.transpose(0, 1)
+            out_grad = grads[0] if module.batch_first else grads[0].transpose(0, 1)
+        states = [] if hx is None else list(hx if isinstance(hx, tuple) else (hx,))
+        inputs = [padded, *states] + ([lengths] if lengths is not None else [])
+
+        def forward(params: dict, xi: torch.Tensor, *rest: torch.Tensor) -> tuple:
+            state, li = list(rest[:len(states)]), rest[len(states):]
+            h = [s.unsqueeze(1) for s in state]
+            out, final = rnn_forward(module, params, xi.unsqueeze(0),
+                                     None if not h else (tuple(h) if len(h) > 1 else h[0]),
+                                     li[0].unsqueeze(0) if li else None)
+            return (out, *(final if isinstance(final, tuple) else (final,)))
+
+        in_dims = [0] + [1] * len(states) + ([0] if lengths is not None else [])
+        return _View(forward, inputs, in_dims, [out_grad, *grads[1:]], [0] + [1] * (len(grads) - 1))
+
+
+def _input_dims(module: nn.Module, call: Call, leaves: list, batch_size: int) -> list[int | None]:
+    """Per flattened input leaf: the batch dim, or None (not a tensor, or shared by the batch)."""
+    dims: list[int | None] = [0 if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch_size else None
+                              for v in leaves]
+    if isinstance(module, nn.MultiheadAttention):
+        bound = inspect.signature(module.forward).bind(*call.args, **call.kwargs).arguments
+        mask = bound.get("attn_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 3:
+            raise UserError("MultiheadAttention: a 3-D attn_mask mixes examples and heads on dim 0; pass a 2-D "
+                            "attn_mask with a key_padding_mask instead")
+        sequence_first = set() if module.batch_first else {id(bound[k]) for k in ("query", "key", "value")}
+        for i, v in enumerate(leaves):
+            if v is mask:
+                dims[i] = None  # [L, S]: shared by the batch
+            elif id(v) in sequence_first and v.dim() == 3:
+                dims[i] = 1
+    return dims
+
+
+def _output_dims(module: nn.Module, call: Call) -> list[int]:
+    """Per tracked output: its batch dim (a sequence-first attention's output on dim 1)."""
+    if isinstance(module, nn.MultiheadAttention) and not module.batch_first:
+        return [1] + [0] * (len(call.shapes) - 1)
+    return [0] * len(call.shapes)
+
+
+COMPOSITE = Composite()
