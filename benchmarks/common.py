@@ -6,7 +6,9 @@ forward, backward, per-sample clipping and noise where private (C = 1, σ = 1), 
 Methods: non-private; dptune's DPEngine with each exact norm engine it registers ("exact", and
 the vmap reference "vmap" where present); Opacus 1.6 GradSampleModule + DPOptimizer ("hooks") and
 GradSampleModuleFastGradientClipping + DPOptimizerFastGradientClipping + DPLossFastGradientClipping
-("ghost": ghost norms, then a second backward of the clipped loss).
+("ghost": ghost norms, then a second backward of the clipped loss), each on the model as
+``ModuleValidator.fix`` makes it (its DP layers: DPLSTM for nn.LSTM, DPMultiheadAttention for
+nn.MultiheadAttention; no change to the other cases).
 """
 from __future__ import annotations
 
@@ -78,6 +80,11 @@ CASES: dict[str, tuple[int, Callable[[int, int, str], Case]]] = {
                                                      peft="film", weights="random", attention=a)),
     "minilm_lora": (64, lambda b, t, a: text_case(f"MiniLM-L6 + LoRA, {t} tokens (half padded)", MINILM, 5, b, t,
                                                   peft="lora", attention=a)),
+    "lstm": (256, lambda b, t, a: image_case("LSTM over rows, 1×28×28, hidden 128", "lstm", (1, 28, 28), 10, b,
+                                             hidden=128)),
+    "vit_tv": (64, lambda b, t, a: image_case("torchvision ViT, Tiny-sized (192 × 12 layers, 3 heads), 3×32×32, "
+                                              "patch 4", "vit", (3, 32, 32), 10, b, patch_size=4, depth=12,
+                                              embed_dim=192, num_heads=3)),
 }
 #: Larger cases for a GPU (--gpu-cases).
 GPU_CASES: dict[str, tuple[int, Callable[[int, int, str], Case]]] = {
@@ -130,7 +137,10 @@ def make_step(method: str, model: nn.Module, inputs: Inputs, targets: torch.Tens
     elif method == "Opacus hooks":
         from opacus import GradSampleModule
         from opacus.optimizers import DPOptimizer
+        from opacus.validators import ModuleValidator
 
+        model = ModuleValidator.fix(model)  # nn.LSTM → DPLSTM, nn.MultiheadAttention → DPMultiheadAttention
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
         wrapped = GradSampleModule(model)
         dp_opt = DPOptimizer(opt, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=batch)
 
@@ -142,7 +152,10 @@ def make_step(method: str, model: nn.Module, inputs: Inputs, targets: torch.Tens
         from opacus.grad_sample import GradSampleModuleFastGradientClipping
         from opacus.optimizers import DPOptimizerFastGradientClipping
         from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+        from opacus.validators import ModuleValidator
 
+        model = ModuleValidator.fix(model)
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
         wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=1.0, use_ghost_clipping=True)
         dp_opt = DPOptimizerFastGradientClipping(opt, noise_multiplier=1.0, max_grad_norm=1.0,
                                                  expected_batch_size=batch)

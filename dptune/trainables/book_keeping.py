@@ -7,15 +7,18 @@ squared norms and, once the clipping factors c_i = factors(n_i) are known, into 
 Σ_i c_i g_i from the same A and G (Bu et al. 2023, "Differentially private optimization on large
 model at small cost"). A module called several times contributes the sum of its calls.
 
-Every hooked module must see the batch on dim 0 of its first input and of its output (as in
+A closed-form rule needs the batch on dim 0 of its module's first input and of its output (as in
 batch-first models); a first input shared by the batch (leading dim 1, e.g. position ids) is
-expanded to the batch first, which leaves the model's outputs unchanged.
+expanded to the batch first, which leaves the model's outputs unchanged. A parameter no closed
+form covers goes to the outermost module above it with none, taken as one unit
+(``composite_rule``); a parameter used by several modules (tied) gets the sum of its per-example
+gradients over those uses before its norm (``plan_modules``).
 
-A trainable parameter owned by a non-leaf module that no rule handles, or shared by several
-modules, is refused when the engine is built, all of them listed. On the first batch the engine
-also checks that each parameter's batch gradient (one extra backward, that batch only) equals the
-sum of what its module's rule saw, so a parameter also used outside its module (which would make
-its norm too small) is refused too.
+On the first batch the engine also checks that each parameter's batch gradient (one extra
+backward, that batch only) equals the sum of what the rules saw. A parameter also used outside the
+module that handles it (which would make its norm too small) is handed to the module above, as one
+unit, and the batch done again — the smallest module that contains every use; refused if even the
+whole model does not account for it. Modules that mix examples (BatchNorm) are refused up front.
 
 Memory: besides what autograd keeps anyway, the engine holds the output gradients G of the
 recorded modules until the clipped sums are formed (``explain()`` lists what each rule kept).
@@ -38,6 +41,7 @@ from torch.autograd.graph import get_gradient_edge
 from ..errors import UserError
 from .batching import Inputs, batch_len, model_outputs
 from .composite_rule import COMPOSITE, detached
+from .replay_rule import REPLAYED
 from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext, Rule, _materialised_rule
 from .norm_estimators import WEIGHT_NORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
@@ -87,14 +91,15 @@ def _closed_form(module: nn.Module, local: str) -> Rule | None:
     return next((r for r in CLOSED_FORMS if r.handles(module)), None)
 
 
-def plan_modules(model: nn.Module) -> list[_Planned]:
+def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> list[_Planned]:
     """The modules that handle the trainable parameters, with their rules.
 
     A parameter whose module has a closed form is that module's; one whose module has none goes to
-    the outermost such module above it, taken as one unit (``composite_rule``: an attention block
-    whose parameter is used functionally, an RNN, a block that uses its parameter around a
-    sub-module). A parameter used by several modules (tied) is planned with each; the engine adds
-    its per-example gradients over those uses before its norm."""
+    the outermost such module above it, taken as one unit (``composite_rule``: a block that uses its
+    parameter around a sub-module, a leaf of unknown algebra; ``replay_rule`` for attention and
+    recurrent layers, their sub-modules' parameters included); so does one below a module of ``widened`` (names of modules found to use a
+    parameter outside its own module). A parameter used by several modules (tied) is planned with
+    each; the engine adds its per-example gradients over those uses before its norm."""
     first_name: dict[int, str] = {}
     owners: dict[int, list[tuple[str, nn.Module, str]]] = {}
     for mod_name, module in model.named_modules(remove_duplicate=False):
@@ -107,6 +112,9 @@ def plan_modules(model: nn.Module) -> list[_Planned]:
     canonical = {id(p): n for n, p in trainable_parameters(model).items()}
     units = {mod_name: module for entries in owners.values() for mod_name, module, local in entries
              if _closed_form(module, local) is None}
+    units.update({name: model.get_submodule(name) for name in widened})
+    units.update({name: m for name, m in model.named_modules() if REPLAYED.handles(m)
+                  and any(p.requires_grad for p in m.parameters())})
     outer = {u: m for u, m in units.items() if not any(v != u and _inside(u, v) for v in units)}
     planned: dict[tuple[int, str], _Planned] = {}
     for pid, entries in owners.items():
@@ -118,8 +126,9 @@ def plan_modules(model: nn.Module) -> list[_Planned]:
                 uses.setdefault((id(module), rule.name), (mod_name, module, rule, local))
             else:
                 inner = mod_name[len(unit):].lstrip(".") if unit else mod_name
-                uses.setdefault((id(outer[unit]), COMPOSITE.name),
-                                (unit, outer[unit], COMPOSITE, f"{inner}.{local}" if inner else local))
+                rule = REPLAYED if REPLAYED.handles(outer[unit]) else COMPOSITE
+                uses.setdefault((id(outer[unit]), rule.name),
+                                (unit, outer[unit], rule, f"{inner}.{local}" if inner else local))
         for key, (name, module, rule, local) in uses.items():
             entry = planned.setdefault(key, _Planned(name, module, rule, [], []))
             entry.names.append(local)
@@ -127,6 +136,14 @@ def plan_modules(model: nn.Module) -> list[_Planned]:
             if len(uses) > 1:
                 entry.tied.add(local)
     return list(planned.values())
+
+
+class _Uncovered(Exception):
+    """The first-batch check found parameters whose batch gradient the rules do not account for."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(", ".join(names))
+        self.names = names
 
 
 class BookKeepingEngine:
@@ -152,6 +169,7 @@ class BookKeepingEngine:
         self.loss_fn = loss_fn
         self.ctx = NormContext(estimator, sketch_k, generator)
         self.params = trainable_parameters(model)
+        self.widened: frozenset[str] = frozenset()
         self.planned = plan_modules(model)
         self.ctx.layers = {id(e.module): i for i, e in enumerate(self.planned)}
         self.checked = False
@@ -301,7 +319,31 @@ class BookKeepingEngine:
 
     def clipped_sum(self, inputs: Inputs, targets: torch.Tensor,
                     factors: FactorFn) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) with c = factors(n)."""
+        """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) with c = factors(n).
+
+        On the first batch, a parameter whose batch gradient the rules do not account for (used
+        outside the module that handles it) is handed to the module above that one, as one unit,
+        and the batch is done again, until it is accounted for; refused if even the whole model is
+        not enough."""
+        while True:
+            try:
+                return self._clipped_sum(inputs, targets, factors)
+            except _Uncovered as uncovered:
+                self._widen(uncovered.names)
+
+    def _widen(self, names: list[str]) -> None:
+        """Re-plan with the module above each handler of ``names`` taken as one unit."""
+        handlers = {e.name for e in self.planned if set(e.qualified) & set(names)}
+        if "" in handlers or not handlers:
+            raise UserError(", ".join(names) + ": no per-example gradient, even with the whole model as one "
+                            "unit: their batch gradient is not the sum of per-example ones (a use that mixes "
+                            "examples, or randomness the replay cannot draw again)")
+        self.widened |= {h.rsplit(".", 1)[0] if "." in h else "" for h in handlers}
+        self.planned = plan_modules(self.model, self.widened)
+        self.ctx.layers = {id(e.module): i for i, e in enumerate(self.planned)}
+
+    def _clipped_sum(self, inputs: Inputs, targets: torch.Tensor,
+                     factors: FactorFn) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         self._batch_size = batch_len(inputs)
         self._reset()
         try:
@@ -388,7 +430,8 @@ class BookKeepingEngine:
                   if reached.get(q) is not None and bool(reached[q].abs().max() > 0)]
         if unseen:
             raise UserError("these parameters get gradient the hooks do not see (used outside their module, e.g. by "
-                            "a functional call on some inputs): " + ", ".join(unseen))
+                            "a functional call on some inputs, which the first batch did not take): "
+                            + ", ".join(unseen))
         norms = self._norms([e.sq for e in self.planned if e.sq is not None] + [g.sq for _, g in tied], losses)
         self._factors = factors(norms).detach()  # [b]
         self._sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
@@ -424,8 +467,7 @@ class BookKeepingEngine:
         missing = [q for q, g in recon.items()
                    if not _close(g if q in seen else None, reference.get(q), COVERAGE_FLOOR * total)]
         if missing:
-            raise UserError("these parameters get gradient the hooks do not see (used outside their "
-                             "module, e.g. by a functional call): " + ", ".join(missing))
+            raise _Uncovered(missing)
         self.checked = True
 
     def explain(self) -> list[dict]:

@@ -4,17 +4,17 @@ and output gradients alone, ``torch.func.vmap`` over examples of a ``vjp`` throu
 recurrent states included).
 
 The book-keeping engine gives this rule the smallest module that contains every use of a
-parameter no closed form covers: ``nn.MultiheadAttention`` (its ``in_proj_weight`` is used
-functionally beside its ``out_proj``), a user's block that uses its own parameter in an expression
-around a sub-module, a leaf module of unknown algebra. Recurrent layers (``nn.RNN``, ``nn.LSTM``,
-``nn.GRU``, packed sequences included) are replayed by ``recurrent.rnn_forward``, since the fused
-kernels have no batching rule. The per-example gradients are materialised ([b, *shape] per
-parameter): the closed forms stay the fast paths.
+parameter no closed form covers: a user's block that uses its own parameter in an expression
+around a sub-module, a leaf module of unknown algebra, a module found to use a parameter outside
+its own module, attention that ``replay_rule`` does not cover; and each use of a tied parameter.
+The per-example gradients are materialised ([b, *shape] per parameter): the closed forms and the
+replay rule stay the fast paths. Recurrent layers inside such a unit are refused (their fused
+kernels have no batching rule; on their own they go to ``replay_rule``).
 
-Where the batch sits: dim 1 of a sequence-first ``MultiheadAttention``'s query, key and value and
-of an RNN's states; dim 0 of every other input tensor whose leading size is the batch's (any other
-input is shared by the batch) and of every output. A wrong guess cannot pass silently: the engine's
-first-batch check compares Σ_i g_i with the batch gradient.
+Where the batch sits: dim 1 of a sequence-first ``MultiheadAttention``'s query, key and value; dim
+0 of every other input tensor whose leading size is the batch's (any other input is shared by the
+batch) and of every output. A wrong guess cannot pass silently: the engine's first-batch check
+compares Σ_i g_i with the batch gradient.
 """
 from __future__ import annotations
 
@@ -25,12 +25,10 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 from torch.func import functional_call, vjp, vmap
-from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import UserError
 from .layer_rules import Call, LayerGrads, NormContext, Rule, _materialised_rule, _nbytes
-from .recurrent import rnn_forward
 
 
 @dataclass
@@ -52,7 +50,7 @@ def detached(value: object) -> object:
     return tree_unflatten([v.detach() if isinstance(v, torch.Tensor) else v for v in leaves], spec)
 
 
-def _filled(call: Call) -> list[torch.Tensor]:
+def filled(call: Call) -> list[torch.Tensor]:
     """The call's output gradients, zeros for an output that got none; contiguous (autograd hands
     out expanded ones, e.g. a mean's, on which some batched backward kernels go wrong: InstanceNorm's)."""
     return [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
@@ -69,20 +67,15 @@ class Composite(Rule):
         return True
 
     def outputs(self, module: nn.Module, output: object, where: str) -> list[torch.Tensor]:
-        if isinstance(module, nn.RNNBase):
-            out, state = output
-            data = out.data if isinstance(out, PackedSequence) else out
-            return [data, *(state if isinstance(state, tuple) else (state,))]
-        return [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+        """Every floating-point tensor of the output (tuples, dicts, named tuples: flattened)."""
+        return [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
     def check_call(self, module, args, kwargs, outputs, batch_size, where):
-        if isinstance(module, nn.RNNBase) and module.training and module.dropout > 0 and module.num_layers > 1:
-            raise UserError(f"{where}: {type(module).__name__} with dropout = {module.dropout} between layers; its "
-                             "per-example replay cannot draw the same masks: set dropout to 0")
+        return None  # the batch dims are read per call (``_input_dims``, ``_output_dims``)
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         grads = self.per_example(module, calls, names, batch_size)
-        kept = sum(_nbytes(*[a for a in tree_flatten(c.args)[0] if isinstance(a, torch.Tensor)], *_filled(c))
+        kept = sum(_nbytes(*[a for a in tree_flatten(c.args)[0] if isinstance(a, torch.Tensor)], *filled(c))
                    for c in calls)
         return _materialised_rule(grads, f"per-example vmap ({type(module).__name__})", kept)
 
@@ -93,7 +86,7 @@ class Composite(Rule):
         params = {n: module.get_parameter(n).detach() for n in names}
         total: dict[str, torch.Tensor] = {}
         for call in calls:
-            view = (self._recurrent if isinstance(module, nn.RNNBase) else self._generic)(module, call, batch_size)
+            view = self._view(module, call, batch_size)
 
             def example(cotangents: tuple, inputs: tuple, _view: _View = view) -> dict:
                 _, pullback = vjp(lambda p: _view.forward(p, *inputs), params)
@@ -111,9 +104,7 @@ class Composite(Rule):
                 total[n] = total[n] + g if n in total else g
         return total
 
-    # ---- views ------------------------------------------------------------------------------
-
-    def _generic(self, module: nn.Module, call: Call, batch_size: int) -> _View:
+    def _view(self, module: nn.Module, call: Call, batch_size: int) -> _View:
         """Inputs batched on dim 0 (or where ``_input_dims`` says), outputs on dim 0."""
         leaves, spec = tree_flatten((call.args, call.kwargs))
         dims = _input_dims(module, call, leaves, batch_size)
@@ -131,35 +122,7 @@ class Composite(Rule):
             args, kwargs = tree_unflatten(values, spec)
             return tuple(self.outputs(module, functional_call(module, params, args, kwargs), ""))
 
-        return _View(forward, [leaves[i] for i in batched], [dims[i] for i in batched], _filled(call), out_dims)
-
-    def _recurrent(self, module: nn.RNNBase, call: Call, batch_size: int) -> _View:
-        """An RNN, LSTM or GRU call as ``rnn_forward`` on batch-first padded inputs with lengths."""
-        x = call.args[0]
-        hx = call.args[1] if len(call.args) > 1 else call.kwargs.get("hx")
-        grads = _filled(call)
-        lengths = None
-        if isinstance(x, PackedSequence):
-            padded, lengths = pad_packed_sequence(x, batch_first=True)  # the batch's own order
-            out_grad = pad_packed_sequence(x._replace(data=grads[0]), batch_first=True)[0]
-        else:
-            if x.dim() != 3:
-                raise UserError(f"{type(module).__name__}: an unbatched input has no per-example gradient")
-            padded = x if module.batch_first else x.transpose(0, 1)
-            out_grad = grads[0] if module.batch_first else grads[0].transpose(0, 1)
-        states = [] if hx is None else list(hx if isinstance(hx, tuple) else (hx,))
-        inputs = [padded, *states] + ([lengths] if lengths is not None else [])
-
-        def forward(params: dict, xi: torch.Tensor, *rest: torch.Tensor) -> tuple:
-            state, li = list(rest[:len(states)]), rest[len(states):]
-            h = [s.unsqueeze(1) for s in state]
-            out, final = rnn_forward(module, params, xi.unsqueeze(0),
-                                     None if not h else (tuple(h) if len(h) > 1 else h[0]),
-                                     li[0].unsqueeze(0) if li else None)
-            return (out, *(final if isinstance(final, tuple) else (final,)))
-
-        in_dims = [0] + [1] * len(states) + ([0] if lengths is not None else [])
-        return _View(forward, inputs, in_dims, [out_grad, *grads[1:]], [0] + [1] * (len(grads) - 1))
+        return _View(forward, [leaves[i] for i in batched], [dims[i] for i in batched], filled(call), out_dims)
 
 
 def _input_dims(module: nn.Module, call: Call, leaves: list, batch_size: int) -> list[int | None]:

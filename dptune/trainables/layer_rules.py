@@ -211,45 +211,71 @@ class LinearLike(Rule):
         pairs = [self._inputs_and_grads(module, c) for c in calls]
         A = pairs[0][0] if len(pairs) == 1 else torch.cat([a for a, _ in pairs], dim=1)  # [b, T, d]
         G = pairs[0][1] if len(pairs) == 1 else torch.cat([g for _, g in pairs], dim=1)  # [b, T, p]
-        b, T, d = A.shape
-        p = G.shape[2]
-        dtype = _compute_dtype(G)
-        sq = torch.zeros(b, device=G.device, dtype=dtype)
-        M = None  # per-sample weight gradients [b, d, p], when materialised
-        form = "bias only"
-        if "weight" in names:
-            if ctx.estimator != "ghost":
-                form = ctx.estimator
-                sq = sq + WEIGHT_NORMS[ctx.estimator](A, G, ctx.sketch_k, ctx.probes(module))
-            elif T == 1:
-                form = "ghost (T = 1)"
-                sq = sq + A.to(dtype).pow(2).sum(dim=(1, 2)) * G.to(dtype).pow(2).sum(dim=(1, 2))
-            elif prefer_ghost(b, T, d, p, A.element_size()):
-                form = "ghost"
-                sq = sq + gram_sq_norms(A, G)
-            else:
-                form = "materialised"
-                M = torch.bmm(A.transpose(1, 2), G)  # [b, d, p]
-                sq = sq + torch.linalg.vector_norm(M.flatten(1), dim=1, dtype=dtype).square()
+        weight = linear_weight_grads(A, G, ctx, module) if "weight" in names else None
         bias = G.sum(dim=1) if "bias" in names else None  # [b, p] per-sample bias gradients
+        sq = torch.zeros(A.shape[0], device=G.device, dtype=_compute_dtype(G))
+        if weight is not None:
+            sq = sq + weight.sq
         if bias is not None:
-            sq = sq + bias.to(dtype).pow(2).sum(dim=1)
+            sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
 
         def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
             out = {}
-            if "weight" in names:
-                if M is not None:
-                    W = torch.einsum("b,bdp->dp", c.to(M.dtype), M)
-                elif d <= p:  # scale the narrower side by c, then one product over all (i, t)
-                    W = (A * c.to(A.dtype)[:, None, None]).reshape(-1, d).t() @ G.reshape(-1, p)
-                else:
-                    W = A.reshape(-1, d).t() @ (G * c.to(G.dtype)[:, None, None]).reshape(-1, p)
-                out["weight"] = self._weight_from(module, W)
+            if weight is not None:
+                out["weight"] = self._weight_from(module, weight.clipped(c))
             if bias is not None:
                 out["bias"] = c.to(bias.dtype) @ bias
             return out
 
-        return LayerGrads(sq, clipped, form, _nbytes(A, G, M, bias))
+        return LayerGrads(sq, clipped, weight.form if weight is not None else "bias only",
+                          _nbytes(A, G, bias) + (weight.kept_bytes if weight is not None else 0))
+
+
+@dataclass
+class WeightGrads:
+    """One weight applied as a ↦ Wa at positions t, from inputs A [b, T, d] and output gradients
+    G [b, T, p]: per-sample squared norms ``sq`` [b] of M_i = Σ_t a_t g_tᵀ (exact: ghost or
+    materialised, chosen from the shapes; or a randomised estimate), and ``clipped(c)`` = Σ_i c_i M_i
+    [d, p]."""
+
+    A: torch.Tensor
+    G: torch.Tensor
+    sq: torch.Tensor
+    form: str
+    M: torch.Tensor | None = None   # materialised per-sample gradients [b, d, p]
+
+    @property
+    def kept_bytes(self) -> int:
+        return _nbytes(self.M)
+
+    def clipped(self, c: torch.Tensor) -> torch.Tensor:
+        A, G = self.A, self.G
+        d, p = A.shape[2], G.shape[2]
+        if self.M is not None:
+            return torch.einsum("b,bdp->dp", c.to(self.M.dtype), self.M)
+        if d <= p:  # scale the narrower side by c, then one product over all (i, t)
+            return (A * c.to(A.dtype)[:, None, None]).reshape(-1, d).t() @ G.reshape(-1, p)
+        return A.reshape(-1, d).t() @ (G * c.to(G.dtype)[:, None, None]).reshape(-1, p)
+
+
+def linear_weight_grads(A: torch.Tensor, G: torch.Tensor, ctx: NormContext, module: nn.Module,
+                        probes: torch.Generator | None = None) -> WeightGrads:
+    """The per-sample view of a weight of ``module`` from A [b, T, d] and G [b, T, p]
+    (``WeightGrads``), with the estimator of ``ctx``; its probes come from ``probes`` when given (a
+    module with several weights draws them all from one generator), else ``ctx.probes(module)``."""
+    b, T, d = A.shape
+    p = G.shape[2]
+    dtype = _compute_dtype(G)
+    if ctx.estimator != "ghost":
+        generator = probes if probes is not None else ctx.probes(module)
+        return WeightGrads(A, G, WEIGHT_NORMS[ctx.estimator](A, G, ctx.sketch_k, generator), ctx.estimator)
+    if T == 1:
+        return WeightGrads(A, G, A.to(dtype).pow(2).sum(dim=(1, 2)) * G.to(dtype).pow(2).sum(dim=(1, 2)),
+                           "ghost (T = 1)")
+    if prefer_ghost(b, T, d, p, A.element_size()):
+        return WeightGrads(A, G, gram_sq_norms(A, G), "ghost")
+    M = torch.bmm(A.transpose(1, 2), G)  # [b, d, p]
+    return WeightGrads(A, G, torch.linalg.vector_norm(M.flatten(1), dim=1, dtype=dtype).square(), "materialised", M)
 
 
 class Conv2d(Rule):
@@ -403,18 +429,23 @@ class Normalisation(Rule):
 
 class Broadcast(Rule):
     """A parameter of leading size 1 that the model broadcasts over the batch (timm ViT's class,
-    register and distillation tokens and position embedding): the engine hands the model its
-    per-example expansion, whose gradient is the per-sample gradient itself."""
+    register and distillation tokens and position embedding; torchvision ViT's class token and
+    position embedding): the engine hands the model its per-example expansion, whose gradient is
+    the per-sample gradient itself."""
 
     name = "broadcast"
-    #: (module type name, parameter names) whose use is a per-example broadcast.
-    KNOWN = {"VisionTransformer": ("cls_token", "reg_token", "dist_token", "pos_embed")}
-
-    def handles(self, module: nn.Module) -> bool:
-        return type(module).__name__ in self.KNOWN and type(module).__module__.startswith("timm.")
+    #: (module path prefix, class name) → the parameter names whose use is a per-example broadcast.
+    KNOWN = {("timm.", "VisionTransformer"): ("cls_token", "reg_token", "dist_token", "pos_embed"),
+             ("torchvision.models.vision_transformer", "VisionTransformer"): ("class_token",),
+             ("torchvision.models.vision_transformer", "Encoder"): ("pos_embedding",)}
 
     def parameter_names(self, module: nn.Module) -> tuple[str, ...]:
-        return self.KNOWN[type(module).__name__]
+        kind = type(module)
+        return next((names for (prefix, cls), names in self.KNOWN.items()
+                     if kind.__name__ == cls and kind.__module__.startswith(prefix)), ())
+
+    def handles(self, module: nn.Module) -> bool:
+        return bool(self.parameter_names(module))
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         grads = {}

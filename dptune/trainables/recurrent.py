@@ -7,23 +7,30 @@ zero, as ``pad_packed_sequence`` gives them).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-def _cell(mode: str, x: torch.Tensor, h: torch.Tensor, c: Optional[torch.Tensor], w: dict,
-          ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+#: ``linear(x, weight name, bias name or None)``: how a step applies one of the module's linear maps.
+Linear = Callable[[torch.Tensor, str, Optional[str]], torch.Tensor]
+
+
+def _cell(mode: str, x: torch.Tensor, h: torch.Tensor, c: Optional[torch.Tensor], suffix: str, names: set,
+          linear: Linear) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One step of one layer and direction: the new (h, c) from input x [b, d] and state h [b, H]."""
-    gi = F.linear(x, w["weight_ih"], w.get("bias_ih"))
-    gh = F.linear(h, w["weight_hh"], w.get("bias_hh"))
+    def bias(kind: str) -> Optional[str]:
+        return f"bias_{kind}{suffix}" if f"bias_{kind}{suffix}" in names else None
+
+    gi = linear(x, f"weight_ih{suffix}", bias("ih"))
+    gh = linear(h, f"weight_hh{suffix}", bias("hh"))
     if mode == "LSTM":
         i, f, g, o = (gi + gh).chunk(4, dim=-1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
-        return (F.linear(h, w["weight_hr"]) if "weight_hr" in w else h), c
+        return (linear(h, f"weight_hr{suffix}", None) if f"weight_hr{suffix}" in names else h), c
     if mode == "GRU":
         ir, iz, inn = gi.chunk(3, dim=-1)
         hr, hz, hn = gh.chunk(3, dim=-1)
@@ -35,12 +42,18 @@ def _cell(mode: str, x: torch.Tensor, h: torch.Tensor, c: Optional[torch.Tensor]
 
 
 def rnn_forward(module: nn.RNNBase, params: dict[str, torch.Tensor], x: torch.Tensor,
-                hx: object = None, lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, object]:
+                hx: object = None, lengths: Optional[torch.Tensor] = None,
+                linear: Optional[Linear] = None) -> tuple[torch.Tensor, object]:
     """``module``'s forward on batch-first ``x`` [b, T, d] with ``params`` (its parameter names):
     (output [b, T, dirs·H_out], h_n [layers·dirs, b, H_out] or, for an LSTM, (h_n, c_n)).
 
-    ``lengths`` [b] (None: all T) marks each example's valid steps; ``hx`` as the module takes it.
-    Dropout between layers is refused in training mode by the caller (it cannot be replayed)."""
+    ``lengths`` [b] (None: all T) marks each example's valid steps; ``hx`` as the module takes it;
+    ``linear`` applies each linear map (default: ``F.linear`` with ``params``; the replay rule taps
+    them). Dropout between layers is refused in training mode by the caller (it cannot be replayed)."""
+    names = {n for n, _ in module.named_parameters()}
+    if linear is None:
+        def linear(v: torch.Tensor, weight: str, bias: Optional[str]) -> torch.Tensor:
+            return F.linear(v, params[weight], params[bias] if bias else None)
     mode, layers, dirs = module.mode, module.num_layers, 2 if module.bidirectional else 1
     b, T = x.shape[0], x.shape[1]
     h_out = module.proj_size or module.hidden_size
@@ -55,14 +68,12 @@ def rnn_forward(module: nn.RNNBase, params: dict[str, torch.Tensor], x: torch.Te
         outputs = []
         for direction in range(dirs):
             suffix = f"_l{layer}" + ("_reverse" if direction else "")
-            w = {k: params[k + suffix] for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
-                 if k + suffix in params}
             k = layer * dirs + direction
             h, c = h0[k], (c0[k] if c0 is not None else None)
             steps = range(T - 1, -1, -1) if direction else range(T)
             out = [None] * T
             for t in steps:
-                h_new, c_new = _cell(mode, layer_input[:, t], h, c, w)
+                h_new, c_new = _cell(mode, layer_input[:, t], h, c, suffix, names, linear)
                 if valid is not None:
                     m = valid[:, t, None].to(h.dtype)
                     h_new = m * h_new + (1 - m) * h

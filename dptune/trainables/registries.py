@@ -72,6 +72,8 @@ INPUT_SPECS: Registry = Registry("model input spec")
 MODELS.register_lazy("mlp", f"{_T}scratch_models:mlp")
 MODELS.register_lazy("cnn", f"{_T}scratch_models:cnn")
 MODELS.register_lazy("wrn16_4", f"{_T}scratch_models:wide_resnet")
+MODELS.register_lazy("lstm", f"{_T}scratch_models:lstm")
+MODELS.register_lazy("vit", f"{_T}scratch_models:vit")
 for _name in PAPER_VITS:
     MODELS.register_lazy(_name, f"{_T}vision_models:create_timm_model", _name)
     INPUT_SPECS.register_lazy(_name, f"{_T}vision_models:vision_data_options", _name)

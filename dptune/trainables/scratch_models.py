@@ -1,4 +1,5 @@
-"""Models trained from scratch: small tanh MLP and CNN, and a GroupNorm WideResNet.
+"""Models trained from scratch: small tanh MLP and CNN, a GroupNorm WideResNet, an LSTM over an
+image's rows and torchvision's Vision Transformer.
 
 Entry functions set architecture only (keyword arguments, ``num_classes`` and ``input_shape``
 first); :mod:`.models` registers them by name. No model here uses BatchNorm (WideResNet uses GroupNorm):
@@ -9,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-
 from ..errors import UserError
+
+
 def _flat_dim(features: nn.Module, input_shape: tuple[int, ...]) -> int:
     with torch.no_grad():
         return features(torch.zeros(1, *input_shape)).flatten(1).shape[1]
@@ -72,3 +73,45 @@ def wide_resnet(*, num_classes: int, input_shape: tuple[int, ...], depth: int = 
             c_in = c_out
     layers += [nn.GroupNorm(groups, c_in), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes)]
     return nn.Sequential(*layers)
+
+
+class RowLSTM(nn.Module):
+    """An LSTM reading an image one row per step ([b, C, H, W] → H steps of C·W features), the
+    classifier on its final hidden states (Opacus's DPLSTM examples classify this way)."""
+
+    def __init__(self, num_classes: int, input_shape: tuple[int, ...], hidden: int, layers: int,
+                 bidirectional: bool) -> None:
+        super().__init__()
+        features = int(torch.tensor(input_shape[:-2]).prod()) * input_shape[-1] if len(input_shape) > 1 else 1
+        self.lstm = nn.LSTM(features, hidden, num_layers=layers, bidirectional=bidirectional, batch_first=True)
+        self.head = nn.Linear(hidden * (2 if bidirectional else 1), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        steps = x.reshape(x.shape[0], -1, x.shape[-2], x.shape[-1]).permute(0, 2, 1, 3).flatten(2)  # [b, H, C·W]
+        _, (h, _) = self.lstm(steps)
+        return self.head(torch.cat(list(h[-(2 if self.lstm.bidirectional else 1):]), dim=1))
+
+
+def lstm(*, num_classes: int, input_shape: tuple[int, ...], hidden: int = 64, layers: int = 1,
+         bidirectional: bool = False) -> nn.Module:
+    """An LSTM classifier over the rows of an image (``RowLSTM``)."""
+    if len(input_shape) < 2:
+        raise UserError(f"model lstm reads images row by row; input shape {tuple(input_shape)} has no rows")
+    return RowLSTM(num_classes, input_shape, hidden, layers, bidirectional)
+
+
+def vit(*, num_classes: int, input_shape: tuple[int, ...], patch_size: int = 4, depth: int = 2,
+        embed_dim: int = 64, num_heads: int = 4, mlp_dim: int | None = None) -> nn.Module:
+    """torchvision's ``VisionTransformer`` (random weights) for square images of any channel count.
+    Its attention is ``nn.MultiheadAttention``; its class token and position embedding are per-example
+    broadcasts (``layer_rules.Broadcast``)."""
+    from torchvision.models import VisionTransformer
+
+    channels, height, width = input_shape
+    if height != width or height % patch_size:
+        raise UserError(f"model vit needs square images whose side divides by patch_size; got {height}x{width} "
+                        f"with patch_size {patch_size}")
+    model = VisionTransformer(image_size=height, patch_size=patch_size, num_layers=depth, num_heads=num_heads,
+                              hidden_dim=embed_dim, mlp_dim=mlp_dim or 4 * embed_dim, num_classes=num_classes)
+    model.conv_proj = nn.Conv2d(channels, embed_dim, kernel_size=patch_size, stride=patch_size)
+    return model

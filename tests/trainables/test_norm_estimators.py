@@ -168,10 +168,36 @@ class UsedOutside(nn.Module):
         return self.fc(x) + nn.functional.linear(x, self.fc.weight)  # a use the hooks cannot see
 
 
-def test_a_parameter_used_outside_its_module_is_refused_never_dropped():
-    engine = BookKeepingEngine(UsedOutside(), LOSS)  # statically fine: caught on the first batch
-    with pytest.raises(ValueError, match=r"fc\.weight"):
-        engine.clipped_sum(torch.randn(3, 4), torch.tensor([0, 1, 2]), lambda n: flat_clip(n, 1.0))
+def test_a_parameter_used_outside_its_module_goes_to_the_smallest_module_with_every_use():
+    """``fc.weight`` is also used by its parent's functional call: found on the first batch, the
+    parent (here the whole model) becomes one unit and the result equals the per-example loop."""
+    model = UsedOutside().double()
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0])
+    engine = BookKeepingEngine(model, LOSS)  # statically fine: caught on the first batch
+    sums, norms = engine.clipped_sum(x, y, lambda n: flat_clip(n, 0.5))
+    ref_sums, ref_norms = clipped_sum_loop(model, x, y, 0.5)
+    torch.testing.assert_close(norms, ref_norms, rtol=1e-9, atol=0)
+    for name in ref_sums:
+        torch.testing.assert_close(sums[name], ref_sums[name], rtol=1e-9, atol=1e-12)
+    assert [(r["module"], r["rule"]) for r in engine.explain()] == [("<root>", "module (vmap)")]
+
+
+class NotPerExample(nn.Module):
+    """A parameter whose use mixes the examples (the batch mean): no unit can attribute it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) + self.fc.weight.sum() * x.mean(0, keepdim=True)
+
+
+def test_a_use_that_mixes_examples_is_refused_with_the_parameter_path():
+    engine = BookKeepingEngine(NotPerExample().double(), LOSS)
+    with pytest.raises(ValueError, match=r"fc\.weight.*whole model"):
+        engine.clipped_sum(torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, 1, 2]),
+                           lambda n: flat_clip(n, 1.0))
 
 
 def test_one_example_contributes_at_most_z_times_c_over_b_c():
