@@ -137,7 +137,10 @@ def _engine_table(trainer: object) -> str:
     lines = [f"engine: {rows[0]['mode'] if rows else 'book-keeping'}; per layer (last micro-batch):"]
     width = max(len(r["module"]) for r in rows) if rows else 0
     for r in rows:
-        lines.append(f"  {r['module']:<{width}}  {r['parameters']:<14} {r['rule']:<14} {r['form']:<46} "
+        names = r["parameters"].split(", ")
+        params = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1}" if len(r["parameters"]) > 14 \
+            else r["parameters"]
+        lines.append(f"  {r['module']:<{width}}  {params:<18} {r['rule']:<14} {r['form']:<46} "
                      f"{r['kept_bytes'] / 2**20:8.2f} MiB")
     return "\n".join(lines)
 

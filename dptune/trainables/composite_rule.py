@@ -60,7 +60,7 @@ def filled(call: Call) -> list[torch.Tensor]:
 class Composite(Rule):
     """Any module as one unit (see the module docstring)."""
 
-    name = "module (vmap)"
+    name = "unit (vmap)"
     expands_shared_input = False
 
     def handles(self, module: nn.Module) -> bool:

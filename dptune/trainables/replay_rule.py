@@ -65,7 +65,7 @@ class Taps:
 class Replayed(Composite):
     """The replay rule (see the module docstring); falls back to the composite rule."""
 
-    name = "replayed linear maps"
+    name = "replay"
 
     def handles(self, module: nn.Module) -> bool:
         return isinstance(module, nn.RNNBase) or (isinstance(module, nn.MultiheadAttention)
@@ -142,7 +142,7 @@ def _combine(module: nn.Module, uses: list, names: Sequence[str], ctx: NormConte
 
     kept = sum(w.kept_bytes + _nbytes(w.A, w.G) for w in weights.values()) + _nbytes(*biases.values())
     forms = sorted({w.form for w in weights.values()}) or ["bias only"]
-    return LayerGrads(sq, clipped, f"replayed linear maps: {', '.join(forms)}", kept)
+    return LayerGrads(sq, clipped, f"{', '.join(forms)} per linear map", kept)
 
 
 def _replay_rnn(module: nn.RNNBase, call: Call, taps: Taps) -> list[torch.Tensor]:

@@ -179,7 +179,7 @@ def test_a_parameter_used_outside_its_module_goes_to_the_smallest_module_with_ev
     torch.testing.assert_close(norms, ref_norms, rtol=1e-9, atol=0)
     for name in ref_sums:
         torch.testing.assert_close(sums[name], ref_sums[name], rtol=1e-9, atol=1e-12)
-    assert [(r["module"], r["rule"]) for r in engine.explain()] == [("<root>", "module (vmap)")]
+    assert [(r["module"], r["rule"]) for r in engine.explain()] == [("<root>", "unit (vmap)")]
 
 
 class NotPerExample(nn.Module):
