@@ -215,6 +215,40 @@ def test_recurrent_layers_match_the_loop_over_shapes(b, T, hidden, layers, kind,
     torch.testing.assert_close(norms, ref_norms, rtol=RTOL, atol=1e-12)
 
 
+@settings(max_examples=12, deadline=None)
+@given(b=st.integers(2, 5), L=st.integers(1, 4), heads=st.sampled_from([1, 2]), head_dim=st.integers(1, 3),
+       kdim=st.sampled_from([None, 3]), bias=st.booleans(), batch_first=st.booleans())
+def test_attention_matches_the_loop_over_shapes(b, L, heads, head_dim, kdim, bias, batch_first):
+    torch.manual_seed(b * 100 + L * 10 + head_dim)
+    E = heads * head_dim
+    attn = nn.MultiheadAttention(E, heads, bias=bias, kdim=kdim, vdim=kdim, batch_first=batch_first)
+    model = _Cross(attn, batch_first).double()
+    g = torch.Generator().manual_seed(L)
+    x = {"q": torch.randn(b, L, E, generator=g, dtype=torch.float64),
+         "kv": torch.randn(b, L + 1, kdim or E, generator=g, dtype=torch.float64)}
+    y = torch.arange(b) % CLASSES
+    _, ref_norms = clipped_sum_loop(model, x, y, 1.0)
+    engine = BookKeepingEngine(model, LOSS)
+    _, norms = engine.clipped_sum(x, y, lambda n: torch.ones_like(n))
+    torch.testing.assert_close(norms, ref_norms, rtol=RTOL, atol=1e-12)
+
+
+class _Cross(nn.Module):
+    """Cross-attention from keyword inputs ``q`` and ``kv``, then a linear head."""
+
+    def __init__(self, attn: nn.MultiheadAttention, batch_first: bool) -> None:
+        super().__init__()
+        self.attn, self.batch_first = attn, batch_first
+        self.head = nn.Linear(attn.embed_dim, CLASSES)
+
+    def forward(self, q, kv):
+        if not self.batch_first:
+            q, kv = q.transpose(0, 1), kv.transpose(0, 1)
+        out = self.attn(q, kv, kv)[0]
+        out = out if self.batch_first else out.transpose(0, 1)
+        return self.head(torch.tanh(out).mean(1))
+
+
 class _Wrap(nn.Module):
     def __init__(self, rnn: nn.Module) -> None:
         super().__init__()
