@@ -19,25 +19,28 @@ from .ray_setup import configure_driver
 from .ray_orphans import stop_orphans
 from .layout import DEFAULT_STORAGE, WORKER_RUNS, ExperimentPaths, absolute
 from .spec_sections import Resources
+from .trackers import Tracking, tracker_callbacks
 from .trial_function import dp_trainable
 
 
 @dataclass
 class RunSettings:
     """Where and how trials run: experiment name, storage, the spec's per-trial ``resources``, retries
-    (``max_failures``) and Ray Tune's own output (``verbose``; 0: none, dptune prints one line per
-    trial; 2 with ``dptune sweep --verbose``)."""
+    (``max_failures``), Ray Tune's own output (``verbose``; 0: none, dptune prints one line per
+    trial; 2 with ``dptune sweep --verbose``) and the experiment trackers (``tracking``)."""
 
     experiment: str = "dptune"
     storage: str = DEFAULT_STORAGE
     resources: Resources = field(default_factory=Resources)
     max_failures: int = 2
     verbose: int = 0
+    tracking: Tracking = field(default_factory=Tracking)
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunSettings":
         """Settings saved as JSON (``dataclasses.asdict``) back into their types."""
-        return cls(**{**values, "resources": Resources(**values.get("resources", {}))})
+        return cls(**{**values, "resources": Resources(**values.get("resources", {})),
+                      "tracking": Tracking(**values.get("tracking", {}))})
 
     @property
     def paths(self) -> ExperimentPaths:
@@ -150,12 +153,13 @@ def max_concurrent(settings: RunSettings) -> int | None:
 
 
 def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfig:
-    """Storage, retries, two kept checkpoints per trial, the store callback and, unless Ray Tune's
-    own verbose output is on, one progress line per ended trial (of ``total``).
+    """Storage, retries, two kept checkpoints per trial, the store callback, the spec's trackers and,
+    unless Ray Tune's own verbose output is on, one progress line per ended trial (of ``total``).
 
     Two, not one: Ray Tune snapshots the experiment state on a timer, so after a driver kill the
     snapshot can name the checkpoint before the newest; with one kept it would already be gone."""
     callbacks: list[tune.Callback] = [StoreCallback(settings.paths.absolute())]
+    callbacks += tracker_callbacks(settings.tracking, settings.experiment, str(settings.paths.absolute().root))
     if settings.verbose == 0:
         callbacks.append(TrialLines(total))
     return tune.RunConfig(

@@ -8,6 +8,7 @@ resources: {cpu: 1, gpu: 0}   # per trial; fractional GPUs allowed (gpu: 0.25 â†
 #   one trial on 4 Ray Train workers with 1 GPU and 4 CPUs each (the same result as on one worker);
 #   trials with a batch size below 4096 stay on one worker [workers: 1, every trial]
 failure: {max_failures: 2}    # retries of a trial after a node or actor failure
+tracking: {mlflow: {}, wandb: {project: dp}, tensorboard: true}   # trackers.py
 ```
 """
 from __future__ import annotations
@@ -93,3 +94,6 @@ def parse_resources(value: Any, catalog: Catalog) -> Resources:
 def parse_failure(value: Any, catalog: Catalog) -> int:
     value = mapping(value, "failure", ("max_failures",))
     return integer(value.get("max_failures", 2), "failure.max_failures", ge=0)
+
+
+from . import trackers  # noqa: E402,F401  (registers the ``tracking`` section beside these)

@@ -60,7 +60,7 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
     sweep's first trial then waits for neither in turn."""
     spec = load_spec(spec_path or DEFAULT_SPEC, trainables_catalog())
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
-                           resources=spec["resources"], max_failures=spec["failure"])
+                           resources=spec["resources"], max_failures=spec["failure"], tracking=spec["tracking"])
     check_storage(settings.storage)
     if check is not None:
         check(settings)

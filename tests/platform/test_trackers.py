@@ -1,0 +1,150 @@
+"""Issue 27: a sweep's trials as runs in real trackers (MLflow on SQLite, W&B offline, TensorBoard
+event files), read back with each tracker's own reader; the spec's ``tracking`` section checked
+before anything runs."""
+import re
+import struct
+
+import pytest
+import ray
+
+from dptune.platform import trackers
+from dptune.platform.launcher import RunSettings
+from dptune.platform.sweep import run_sweep
+from dptune.search_spaces import SpecError, load_spec
+from dptune.platform.catalog import trainables_catalog
+from sweep_plans import digits_spec, plan_of
+
+EPOCHS = 2
+#: the parameters issue 27 asks every run to carry, as trial-config keys
+PARAMETERS = ("cell", "clip_bound", "batch_size", "learning_rate", "noise_multiplier", "sample_rate", "steps",
+              "norm_estimator", "denoise")
+METRICS = ("test_accuracy", "test_loss", "epsilon_spent", "clipped_fraction")
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """One small sweep (2 trials, 2 epochs) with all three trackers on."""
+    folder = tmp_path_factory.mktemp("tracked")
+    spec = digits_spec(epsilon=[4.0], batch_size=[300], clip_bound=[0.5, 2.0], epochs=EPOCHS,
+                       model_options={"hidden": 16},
+                       tracking={"mlflow": {"experiment": "digits-tracked"}, "wandb": {"project": "dptune-test"},
+                                 "tensorboard": True})
+    catalog = trainables_catalog()
+    parsed = load_spec(spec, catalog)
+    settings = RunSettings(experiment="tracked", storage=str(folder), max_failures=0, tracking=parsed["tracking"])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    try:
+        outcome = run_sweep(plan_of(spec, catalog), settings)
+    finally:
+        ray.shutdown()
+    assert outcome.finished == 2
+    return settings.paths.root
+
+
+def test_mlflow_holds_one_run_per_trial_with_parameters_and_epoch_metrics(tracked):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tracked}/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["digits-tracked"])
+    assert len(runs) == 2
+    assert sorted(runs["params.clip_bound"].astype(float)) == [0.5, 2.0]
+    for key in PARAMETERS:
+        assert runs[f"params.{key}"].notna().all(), key
+    assert (runs["params.cell"].str.startswith("digits/")).all()
+    assert (runs["tags.dptune.non_private_metrics"].str.contains("clipped_fraction")).all()
+    client = mlflow.tracking.MlflowClient()
+    for run_id in runs.run_id:
+        for metric in METRICS:
+            history = client.get_metric_history(run_id, metric)
+            assert len(history) == EPOCHS, metric
+        eps = [m.value for m in sorted(client.get_metric_history(run_id, "epsilon_spent"), key=lambda m: m.step)]
+        assert eps[0] < eps[1] <= 4.0
+
+
+def _wandb_records(path):
+    """The protobuf records of a W&B run file (LevelDB log format: 32 KiB blocks of records with a
+    7-byte header crc32/length/type; W&B's own header is 7 bytes), parsed with wandb's protobuf."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    records, pending, offset, block = [], b"", 7, 32768
+    while offset + 7 <= len(data):
+        if block - offset % block < 7:  # a block's tail too short for a header is padding
+            offset += block - offset % block
+            continue
+        length, kind = struct.unpack("<HB", data[offset + 4:offset + 7])
+        chunk = data[offset + 7:offset + 7 + length]
+        offset += 7 + length
+        if kind == 0 and length == 0:
+            continue
+        pending += chunk
+        if kind in (1, 4):  # a full record, or the last part of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_wandb_offline_runs_hold_the_same_fields(tracked):
+    import json
+    from pathlib import Path
+
+    runs = sorted(Path(tracked, "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 2
+    for path in runs:
+        records = _wandb_records(path)
+        config = {}
+        history = []
+        for record in records:
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
+                assert "non-private" in record.run.notes
+            elif kind == "config":
+                config.update({i.key: json.loads(i.value_json) for i in record.config.update})
+            elif kind == "history":
+                history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+        for key in PARAMETERS:
+            assert key in config, key
+        epochs = [h for h in history if "test_accuracy" in h]
+        assert len(epochs) == EPOCHS and all(all(m in h for m in METRICS) for h in epochs)
+
+
+def test_tensorboard_event_files_have_one_series_per_metric(tracked):
+    from pathlib import Path
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(Path(tracked).glob("*/events.out.tfevents.*"))
+    assert len(files) == 2
+    for path in files:
+        events = EventAccumulator(str(path.parent))
+        events.Reload()
+        tags = events.Tags()["scalars"]
+        for metric in METRICS:
+            series = [t for t in tags if t.endswith(f"/{metric}")]
+            assert len(series) == 1, (metric, tags)
+            assert len(events.Scalars(series[0])) == EPOCHS
+
+
+@pytest.mark.parametrize("section,message", [
+    ({"mlfow": {}}, "tracking.mlfow: unknown key 'mlfow' (did you mean 'mlflow'?)"),
+    ({"wandb": {"mode": "offline"}}, "tracking.wandb.project: required"),
+    ({"wandb": {"project": "p", "mode": "cloud"}}, "tracking.wandb.mode: must be one of offline, online"),
+    ({"tensorboard": "yes"}, "tracking.tensorboard: must be true or false"),
+    ({"mlflow": {"tracking_uri": 3}}, "tracking.mlflow.tracking_uri: must be a non-empty string"),
+])
+def test_bad_tracking_sections_are_refused_with_the_field(section, message):
+    spec = digits_spec(epsilon=[4.0], batch_size=[300], tracking=section)
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_spec(spec, trainables_catalog())
+
+
+def test_a_tracker_not_installed_is_refused_before_anything_runs(monkeypatch):
+    real = trackers.importlib.util.find_spec
+    monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))
+    spec = digits_spec(epsilon=[4.0], batch_size=[300], tracking={"wandb": {"project": "p"}})
+    with pytest.raises(SpecError, match=r"tracking\.wandb: wandb not installed; pip install 'dptune\[tracking\]'"):
+        load_spec(spec, trainables_catalog())
