@@ -135,6 +135,33 @@ def heatmap_figures(a: Analysis) -> list[tuple[str, Figure]]:
     return out
 
 
+def noise_figures(a: Analysis) -> list[tuple[str, Figure]]:
+    """(facet name, σ√T-against-B figure) for every group of cells with noise curves."""
+    if a.noise_curves is None or a.noise_curves.empty:
+        return []
+    out = []
+    for facet, cells in a.sweep.facets(a.across):
+        cells = cells[cells["cell_name"].isin(a.noise_curves["cell_name"])]
+        if not cells.empty:
+            out.append((facet, figures.noise_figure(a.noise_curves, cells, facet, a.optima, min_steps=a.min_steps,
+                                                    plateau_tol=a.plateau_tol)))
+    return out
+
+
+def gradnorm_figures(a: Analysis) -> list[tuple[str, Figure, Figure]]:
+    """(facet name, per-class norm distributions, retention w_y(C)) for every group of cells with
+    gradient-norm statistics (NOT differentially private)."""
+    if a.norms is None or a.norms.empty:
+        return []
+    out = []
+    for facet, cells in a.sweep.facets(a.across):
+        cells = cells[cells["cell_name"].isin(a.norms["cell_name"])]
+        if not cells.empty:
+            out.append((facet, figures.gradnorm_figure(a.norms, cells, facet, across=a.across),
+                        figures.retention_figure(a.norms, cells, facet)))
+    return out
+
+
 def optimum_lines(optima: pd.DataFrame) -> list[str]:
     """One line per cell: its optimal (C, B, η) and accuracy."""
     lines = []
@@ -379,15 +406,10 @@ def _noise_section(a: Analysis) -> str:
              f"(T = ⌈E·N/B⌉). Grey: fewer than {min_steps} steps (minimum-step floor). Band: within "
              f"{plateau_tol:.0%} of the smallest σ√T above the floor (the plateau); the smallest B on it is "
              f"recommended. Rules: {html.escape(a.rules)}.</p>"]
-    if a.noise_curves is None or a.noise_curves.empty:
+    figs = noise_figures(a)
+    if not figs:
         parts.append("<p class='note'>No noise curves (no private cell with a recorded sample rate).</p>")
-        return "".join(parts)
-    for facet, cells in a.sweep.facets(a.across):
-        cells = cells[cells["cell_name"].isin(a.noise_curves["cell_name"])]
-        if cells.empty:
-            continue
-        fig = figures.noise_figure(a.noise_curves, cells, facet, a.optima, min_steps=min_steps,
-                                   plateau_tol=plateau_tol)
+    for facet, fig in figs:
         parts.append(f"<h3>{html.escape(facet)}</h3>" + _figure_html(fig, f"noise curves {facet}",
                                                                   "σ√T per B; × marks the Bs the sweep ran."))
     return "".join(parts)
@@ -406,16 +428,12 @@ def _gradnorm_section(a: Analysis) -> str:
     if norms is None or norms.empty:
         parts.append("<p class='note'>No gradient-norm statistics in the store.</p></section>")
         return "".join(parts)
-    for facet, cells in a.sweep.facets(a.across):
-        cells = cells[cells["cell_name"].isin(norms["cell_name"])]
-        if cells.empty:
-            continue
+    for facet, distribution, retention in gradnorm_figures(a):
         parts.append(f"<h3>{html.escape(facet)}</h3>")
-        parts.append(_figure_html(figures.gradnorm_figure(norms, cells, facet, across=a.across),
-                                  f"gradient norms {facet}",
+        parts.append(_figure_html(distribution, f"gradient norms {facet}",
                                   "Per class: 10–90% (thin) and 25–75% (thick) of the per-sample norms, median "
                                   "(dot); right: share clipped at the cell's optimal C."))
-        parts.append(_figure_html(figures.retention_figure(norms, cells, facet), f"retention {facet}",
+        parts.append(_figure_html(retention, f"retention {facet}",
                                   "How much of each class's gradient survives clipping at C; small C "
                                   "down-weights the classes with large norms."))
     table = norms[["cell_name", "label", "count", "clipped_fraction", *QUANTILE_COLUMNS, "clip_bound"]].copy()

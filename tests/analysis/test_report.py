@@ -183,3 +183,31 @@ def test_csv_writes_whole_numbers_as_whole_numbers(tmp_path):
     write_csv(frame, tmp_path / "t.csv")
     assert (tmp_path / "t.csv").read_text().splitlines() == [
         "batch_size,seeds,clip_bound,accuracy,name", "64,1,0.1,0.5,a", "128,,10.0,0.75,b"]
+
+
+def test_notebook_api_gives_tables_and_figures(sweep):
+    """`dptune.open_store`: the trials, epochs and gradient-norm tables as DataFrames, each cell's
+    optimum equal to the best finished trial found here with pandas, and the figures as matplotlib
+    figures, one per facet."""
+    import dptune
+    from matplotlib.figure import Figure
+
+    results = dptune.open_store(sweep.paths.root)
+    trials = results.trials
+    assert len(trials) == 10 and set(trials.status) == {"finished", "error"}
+    assert set(results.epochs.trial_id) <= set(trials.trial_id)
+    assert "label" in results.nonprivate_gradnorms
+    finished = trials[trials.status == "finished"]
+    best = finished.groupby("cell").accuracy.max()
+    optima = results.optima.set_index("cell_name")
+    for cell_name in CELLS:
+        cell = trials[trials.status == "finished"].loc[lambda t: t.cell.str.contains(
+            "eps=inf" if "∞" in cell_name else f"eps={cell_name.split('ε=')[1].split(' ')[0]}")].cell.iloc[0]
+        assert optima.loc[cell_name, "accuracy"] == pytest.approx(best[cell])
+    heatmaps = results.heatmaps()
+    assert list(heatmaps) == ["digits · mlp[hidden=32] · 1 epoch"]
+    assert all(isinstance(f, Figure) and f.axes for f in heatmaps.values())
+    assert all(isinstance(f, Figure) for f in results.noise_curves().values()) and results.noise_curves()
+    assert all(isinstance(d, Figure) and isinstance(r, Figure) for d, r in results.nonprivate_gradnorm_figures().values())
+    count = results.sql("SELECT count(*) AS n FROM trials WHERE status = 'finished'")
+    assert int(count.n.iloc[0]) == len(finished)
