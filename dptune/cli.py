@@ -516,8 +516,37 @@ def run_resume_command(args: argparse.Namespace, out: TextIO) -> int:
     return _report_outcome(outcome, out)
 
 
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="where a sweep stands: per cell finished / running / pending, best, ETA",
+                       description="Per cell of a sweep (running or ended, local or s3://): trials finished, running, "
+                                   "pending, stopped early and errored, the best so far with its (C, B, η), and "
+                                   "trial-epochs spent against the plan; an ETA from the rate so far. The plan's "
+                                   "counts are upper bounds where a search can converge or a scheduler stop trials.")
+    p.add_argument("experiment", metavar="EXPERIMENT", help="the experiment folder <storage>/<experiment>")
+    p.add_argument("--watch", type=float, nargs="?", const=5.0, metavar="SECONDS",
+                   help="refresh every SECONDS (default 5) until nothing is running or pending; Ctrl-C stops")
+    p.set_defaults(handler=run_status)
+
+
+def run_status(args: argparse.Namespace, out: TextIO) -> int:
+    import time
+
+    from .platform.sweep_status import read_status
+
+    if args.watch is not None and args.watch <= 0:
+        raise UserError(f"--watch: must be a number of seconds > 0; got {args.watch:g}")
+    while True:
+        status = read_status(args.experiment)
+        if args.watch is not None and out.isatty():
+            print("\x1b[2J\x1b[H", end="", file=out)   # clear the terminal between readings
+        print(status.render(), file=out, flush=True)
+        if args.watch is None or status.done:
+            return EXIT_OK
+        time.sleep(args.watch)
+
+
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (
-    _add_train, _add_plan, _add_sweep, _add_resume, _add_query, _add_compact, _add_heatmap, _add_report,
+    _add_train, _add_plan, _add_sweep, _add_resume, _add_status, _add_query, _add_compact, _add_heatmap, _add_report,
     _add_optimal_clip, _add_export, _add_audit)
 
 

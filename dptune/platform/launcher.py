@@ -14,6 +14,7 @@ import ray
 from ray import tune
 
 from .callbacks import StoreCallback
+from .live_status import LiveStatus
 from .progress import TrialLines
 from .ray_setup import configure_driver
 from .ray_orphans import stop_orphans
@@ -158,8 +159,10 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
 
     Two, not one: Ray Tune snapshots the experiment state on a timer, so after a driver kill the
     snapshot can name the checkpoint before the newest; with one kept it would already be gone."""
-    callbacks: list[tune.Callback] = [StoreCallback(settings.paths.absolute())]
-    callbacks += tracker_callbacks(settings.tracking, settings.experiment, str(settings.paths.absolute().root))
+    paths = settings.paths.absolute()
+    # the live file first: a trial that ends leaves it before the store records it (no double count)
+    callbacks: list[tune.Callback] = [LiveStatus(paths), StoreCallback(paths)]
+    callbacks += tracker_callbacks(settings.tracking, settings.experiment, str(paths.root))
     if settings.verbose == 0:
         callbacks.append(TrialLines(total))
     return tune.RunConfig(

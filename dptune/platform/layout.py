@@ -31,6 +31,8 @@ DEFAULT_STORAGE = "./dptune-results"
 DEFAULT_EXPERIMENT = "default"
 #: Folder and file names inside an experiment root.
 STORE, ANALYSIS, SETTINGS_FILE, PLAN_FILE = "store", "analysis", "dptune_settings.json", "dptune_plan.json"
+#: The running trials of a live sweep (``live_status.LiveStatus`` writes it, ``dptune status`` reads it).
+LIVE_FILE = "dptune_running.json"
 AUDITS = "audits"
 #: Ray Train's runs of multi-worker trials (their checkpoints between worker restarts).
 WORKER_RUNS = "workers"
@@ -121,6 +123,11 @@ class ExperimentPaths:
     def plan(self) -> str:
         """The plan the sweep ran (its pruning rules and each cell's batch sizes), for the report."""
         return _join(self.root, PLAN_FILE)
+
+    @property
+    def live(self) -> str:
+        """The running trials of the sweep, while it runs (``live_status``)."""
+        return _join(self.root, LIVE_FILE)
 
     def saved_plan(self) -> dict | None:
         """The plan :func:`dptune.platform.sweep.run_sweep` saved, or None (a store without one);

@@ -136,15 +136,17 @@ def _save_settings(settings: RunSettings) -> None:
 
 
 def plan_record(plan: SweepPlan) -> dict:
-    """What the report needs of the plan a sweep ran: its pruning rules and, per cell (keyed as the
-    store's ``cell`` column), N and every candidate B with whether it was kept and searched."""
+    """What the report and ``dptune status`` need of the plan a sweep ran: its pruning rules and, per
+    cell (keyed as the store's ``cell`` column), N, every candidate B with whether it was kept and
+    searched, its planned trials (an upper bound for a search that can converge) and epochs."""
     pruning = plan.space.pruning
     return {"pruning": {"min_steps": pruning.min_steps, "plateau_tol": pruning.plateau_tol,
                         "max_batch_sizes": pruning.max_batch_sizes},
             "cells": {c.cell.key: {"dataset_size": c.dataset_size,
                                    "batch_sizes": [int(r["batch_size"]) for r in c.rows],
                                    "kept": [int(r["batch_size"]) for r in c.rows if r["kept"]],
-                                   "searched": [int(b) for b in c.searched_batch_sizes]} for c in plan}}
+                                   "searched": [int(b) for b in c.searched_batch_sizes],
+                                   "trials": c.num_trials, "epochs": c.cell.epochs} for c in plan}}
 
 
 def _save_plan(plan: SweepPlan, settings: RunSettings) -> None:

@@ -1,0 +1,55 @@
+"""The running trials of a live sweep, kept in one small file beside the store
+(``<experiment>/dptune_running.json``) for ``dptune status``: the store records a trial only
+once it ends. Written by a driver-side Ray Tune callback when a trial starts or ends, and at most
+every ``MIN_INTERVAL_S`` on its reports (a durable replace: local or s3://); emptied when the sweep
+ends."""
+from __future__ import annotations
+
+import time
+
+from ray import tune
+
+from .durable import write_json
+from .layout import ExperimentPaths, filesystem
+
+#: Shortest time between two writes on reports (starts and ends are always written).
+MIN_INTERVAL_S = 2.0
+
+
+class LiveStatus(tune.Callback):
+    """Keeps ``paths.live`` listing the running trials: cell, (C, B, η), epoch reached, start time."""
+
+    def __init__(self, paths: ExperimentPaths) -> None:
+        self.paths = paths
+        self.running: dict[str, dict] = {}
+        self._written = 0.0
+
+    def on_trial_start(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
+        config = trial.config
+        self.running[trial.trial_id] = {"cell": config.get("cell"), "clip_bound": config.get("clip_bound"),
+                                        "batch_size": config.get("batch_size"),
+                                        "learning_rate": config.get("learning_rate"), "epoch": 0,
+                                        "started": time.time()}
+        self._write()
+
+    def on_trial_result(self, iteration: int, trials: list, trial: "tune.experiment.Trial", result: dict,
+                        **info) -> None:
+        if trial.trial_id in self.running and "epoch" in result:
+            self.running[trial.trial_id]["epoch"] = int(result["epoch"])
+            if time.monotonic() - self._written >= MIN_INTERVAL_S:
+                self._write()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
+        self.running.pop(trial.trial_id, None)
+        self._write()
+
+    on_trial_error = on_trial_complete
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        self.running.clear()
+        self._write()
+
+    def _write(self) -> None:
+        fs, path = filesystem(self.paths.live)
+        write_json(fs, path, {"updated": time.time(), "running": self.running})
+        self._written = time.monotonic()
