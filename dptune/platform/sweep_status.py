@@ -68,13 +68,14 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
     plan = paths.saved_plan()
     if plan is None:
         raise UserError(f"{paths.root}: no sweep here (no saved plan; `dptune sweep` writes one when it starts)")
-    fs, root = paths.filesystem()
-    store_exists = fs.get_file_info(f"{root}/store").type == pafs.FileType.Directory
+    store_fs, store_path = filesystem(paths.store)
+    store_exists = store_fs.get_file_info(store_path).type == pafs.FileType.Directory
     trials = ResultsStore(paths.store).table("trials") if store_exists else pd.DataFrame()
     epochs = ResultsStore(paths.store).table("epochs") if store_exists else pd.DataFrame()
     live_fs, live_path = filesystem(paths.live)
     live = (read_json(live_fs, live_path, "the live status") or {}).get("running", {})
-    started = fs.get_file_info(f"{root}/{paths.plan.rsplit('/', 1)[-1]}").mtime
+    plan_fs, plan_path = filesystem(paths.plan)
+    started = plan_fs.get_file_info(plan_path).mtime
     rows, spent_total, planned_total, running_total, pending_total = [], 0.0, 0.0, 0, 0
     for key, cell in plan["cells"].items():
         mine = trials[trials["cell"] == key] if "cell" in trials else trials.iloc[0:0]
