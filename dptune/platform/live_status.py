@@ -2,15 +2,17 @@
 (``<experiment>/dptune_running.json``) for ``dptune status``: the store records a trial only
 once it ends. Written by a driver-side Ray Tune callback when a trial starts or ends, and at most
 every ``MIN_INTERVAL_S`` on its reports (a durable replace: local or s3://); emptied when the sweep
-ends."""
+ends. Best effort: a write the storage refuses is skipped with one warning, never stopping the sweep."""
 from __future__ import annotations
 
+import sys
 import time
 
 from ray import tune
 
 from .durable import write_json
 from .layout import ExperimentPaths, filesystem
+from .store import first_line
 
 #: Shortest time between two writes on reports (starts and ends are always written).
 MIN_INTERVAL_S = 2.0
@@ -23,6 +25,7 @@ class LiveStatus(tune.Callback):
         self.paths = paths
         self.running: dict[str, dict] = {}
         self._written = 0.0
+        self._warned = False
 
     def on_trial_start(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
         config = trial.config
@@ -50,6 +53,14 @@ class LiveStatus(tune.Callback):
         self._write()
 
     def _write(self) -> None:
-        fs, path = filesystem(self.paths.live)
-        write_json(fs, path, {"updated": time.time(), "running": self.running})
+        """Replace the file; a failed write (the storage unreachable) is reported once and skipped:
+        the next one brings the file up to date, and the sweep never stops for it."""
         self._written = time.monotonic()
+        try:
+            fs, path = filesystem(self.paths.live)
+            write_json(fs, path, {"updated": time.time(), "running": self.running})
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                print(f"dptune: warning: the live status for `dptune status` could not be written "
+                      f"({first_line(exc)}); the sweep goes on", file=sys.stderr)
