@@ -83,8 +83,10 @@ def heatmap_figure(table: pd.DataFrame, cells: pd.DataFrame, facet: str, *, acro
     if meshes and finite.size:
         fig.colorbar(meshes[0], ax=axes, label="best accuracy over η (all panels)", shrink=0.9)
     note = f"; non-private baseline {baseline:.3f}" if baseline is not None and math.isfinite(baseline) else ""
+    outlined = "; dashed = not distinguishable from it" if bool(table.get("indistinguishable", pd.Series(
+        dtype=bool)).any()) else ""
     fig.suptitle(f"{facet}: best test accuracy over η for each (C, B), across {_axis_name(across)}\n"
-                 f"★ = optimum (its η written){note}", fontsize=11)
+                 f"★ = optimum (its η written){outlined}{note}", fontsize=11)
     return fig
 
 
@@ -102,10 +104,12 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
         return None
     acc = np.full((len(bs), len(cs)), np.nan)
     errored = np.zeros_like(acc, dtype=bool)
+    tied = np.zeros_like(acc, dtype=bool)   # not distinguishable from the optimum (uncertainty.py)
     eta = np.full_like(acc, np.nan)
     for _, r in table.iterrows():
         i, j = bs.index(r["batch_size"]), cs.index(r["clip_bound"])
         acc[i, j], eta[i, j], errored[i, j] = r["accuracy"], r["learning_rate"], r["errored"] > 0
+        tied[i, j] = bool(r.get("indistinguishable", False))
     finite = acc[np.isfinite(acc)]
     xe, ye = _edges(cs), _edges(bs)
     ax.set_facecolor("#e8e8e8")  # settings that were not run
@@ -131,6 +135,9 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
             x, y = math.sqrt(xe[j] * xe[j + 1]), math.sqrt(ye[i] * ye[i + 1])
             if (i, j) == best:
                 continue
+            if tied[i, j]:
+                ax.add_patch(Rectangle((xe[j], ye[i]), xe[j + 1] - xe[j], ye[i + 1] - ye[i], fill=False,
+                                       edgecolor="#ff2d55", linewidth=1.4, linestyle="--"))
             if np.isfinite(acc[i, j]) and size:
                 shade = (acc[i, j] - lo) / (hi - lo)
                 ax.text(x, y, f"{acc[i, j]:.3f}", ha="center", va="center", fontsize=size,

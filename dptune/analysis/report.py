@@ -28,6 +28,7 @@ from .denoise_cosine import cosine_curves, cosine_figure
 from .gradnorms import QUANTILE_COLUMNS, class_norms
 from .noise import MIN_STEPS, PLATEAU_TOL, cell_noise_curves
 from .results import Sweep, fmt
+from .uncertainty import ALPHA, SINGLE_SEED, between_cells, with_error_bars
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Analysis:
     plateau_tol: float = PLATEAU_TOL
     rules: str = "the pruning rules' defaults (no saved plan)"   # where they come from
     audits: list[dict] = field(default_factory=list)   # `dptune audit` results kept for its trials
+    comparisons: list[str] = field(default_factory=list)  # between-cell statements on the optimal C
 
 
 #: How the note on a missing fixed-setting chart begins (it says why there is none).
@@ -71,7 +73,10 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
         raise UserError(f"the results store at {store.root!r} has no trials yet")
     if across not in sweep.cell_columns:
         raise UserError(f"--across must be one of {', '.join(sweep.cell_columns)}; got {across!r}")
-    result = Analysis(sweep, across, sweep.heatmap_table(), sweep.optima(), None, None)
+    heatmap, optima, comparisons = with_error_bars(sweep, sweep.heatmap_table(), sweep.optima(), across)
+    result = Analysis(sweep, across, heatmap, optima, None, None, comparisons=comparisons)
+    if comparisons == [SINGLE_SEED]:
+        result.notes.append(SINGLE_SEED)
     try:
         result.fixed_setting, result.fixed_cost = sweep.fixed_setting_cost(*(fixed or (None, None)))
     except ValueError as exc:
@@ -162,17 +167,23 @@ def gradnorm_figures(a: Analysis) -> list[tuple[str, Figure, Figure]]:
     return out
 
 
-def optimum_lines(optima: pd.DataFrame) -> list[str]:
-    """One line per cell: its optimal (C, B, η) and accuracy."""
+def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = ()) -> list[str]:
+    """One line per cell: its optimal (C, B, η) and accuracy, with its error bar where seeds allow;
+    then the between-cell statements (or the one line saying a single seed cannot tell)."""
     lines = []
     for _, r in optima.iterrows():
         if pd.isna(r["accuracy"]):
             lines.append(f"{r['cell_name']}: no finished trial")
             continue
         clip = f"C={fmt(r['clip_bound'])}" if r["private"] else "no clipping"
-        lines.append(f"{r['cell_name']}: {clip}, B={fmt(r['batch_size'])}, η={fmt(r['learning_rate'])}: "
-                     f"accuracy {r['accuracy']:.4f} (mean of {int(r['seeds'])} seed(s))")
-    return lines
+        line = (f"{r['cell_name']}: {clip}, B={fmt(r['batch_size'])}, η={fmt(r['learning_rate'])}: "
+                f"accuracy {r['accuracy']:.4f} (mean of {int(r['seeds'])} seed(s))")
+        if pd.notna(r.get("accuracy_low")):
+            line += (f", {1 - ALPHA:.0%} interval [{r['accuracy_low']:.4f}, {r['accuracy_high']:.4f}]; "
+                     f"{int(r['indistinguishable'])} setting(s) not distinguishable from it, C in "
+                     f"[{fmt(r['clip_bound_min'])}, {fmt(r['clip_bound_max'])}]")
+        lines.append(line)
+    return lines + list(comparisons)
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -193,7 +204,7 @@ def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "e
     """Heatmaps (PNG and SVG) per facet, the fixed-setting cost chart, and their tables as CSV;
     with ``out``, also print each cell's optimum there."""
     a = analyse(store, across=across, fixed=fixed, noise=False, gradnorms=False)
-    for line in optimum_lines(a.optima) if out is not None else ():
+    for line in optimum_lines(a.optima, a.comparisons) if out is not None else ():
         print(line, file=out)
     printing, out = out, Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -345,6 +356,10 @@ def _optima_section(a: Analysis) -> str:
         row = {"cell": r["cell_name"], "C": "— (no clipping)" if not r["private"] else _cell_text(r["clip_bound"]),
                "B": _cell_text(r["batch_size"]), "η": _cell_text(r["learning_rate"]),
                "accuracy": _acc(r["accuracy"]), "seeds": _cell_text(r.get("seeds")),
+               f"{1 - ALPHA:.0%} interval": (f"{_acc(r['accuracy_low'])}–{_acc(r['accuracy_high'])}"
+                                           if pd.notna(r.get("accuracy_low")) else "—"),
+               "not distinguishable": (f"{int(r['indistinguishable'])} (C {fmt(r['clip_bound_min'])}–"
+                                       f"{fmt(r['clip_bound_max'])})" if pd.notna(r.get("indistinguishable")) else "—"),
                "σ": _cell_text(r.get("noise_multiplier")) if r["private"] else "0",
                "T": _cell_text(r.get("steps")),
                "σ√T": _cell_text(r.get("noise_sqrt_steps")) if r["private"] else "0",
@@ -359,7 +374,12 @@ def _optima_section(a: Analysis) -> str:
     parts = ["<h2 id='optima'>Optimal (C, B, η) per cell</h2>",
              "<p class='note'>Mean test accuracy over seeds at the best setting of each cell (ties: smaller C, "
              "then B, then η); σ, T, σ√T and the share of per-sample gradients clipped during training are those "
-             "of that setting. Non-private: the accuracy of the same cell without DP.</p>", _table(pd.DataFrame(rows))]
+             "of that setting. Non-private: the accuracy of the same cell without DP. Error bars (several seeds): "
+             f"the t-interval of the best setting's mean, and the settings a one-sided paired t-test over seeds "
+             f"(α = {ALPHA:g}) cannot tell from the best, with their range of C (outlined on the heatmaps).</p>",
+             _table(pd.DataFrame(rows))]
+    if a.comparisons:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in a.comparisons) + "</ul>")
     if a.fixed_cost is not None:
         parts.append(_figure_html(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting), "cost of a fixed setting",
                                   _fixed_caption(a)))

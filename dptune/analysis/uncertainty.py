@@ -1,0 +1,136 @@
+"""Error bars on a sweep's answer: which settings of a cell cannot be told from its best, and whether
+the optimum moved between two cells.
+
+Method (documented choice): a **paired one-sided t-test over seeds**. In a cell, the best setting b
+is the one with the largest seed-mean accuracy. Another setting s is *indistinguishable* from b
+unless b beats it on the seeds both ran by a mean margin whose one-sided paired t-test rejects "no
+difference" at level ``ALPHA``. Pairing by seed is what makes a few seeds enough: in reproducible
+mode the seeds share batches and noise across the settings of a cell (common random numbers), so
+most of the seed-to-seed spread cancels in the differences. The indistinguishable set is the error
+bar of the optimum: drawn outlined on the heatmaps, its range of C, B and η written to ``optima.csv``
+beside a t-interval of the best setting's mean accuracy.
+
+Between cells: "the optimal C at ε = a is larger than at ε = b" when every C of a's indistinguishable
+set exceeds every C of b's (each set holds the best setting with confidence ≥ 1 − ALPHA against each
+rival, so the statement holds at that level up to the union over rivals); "not distinguishable" when
+the ranges overlap. With one seed per setting there are no error bars, and the report says so in one
+line instead of pretending.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+if TYPE_CHECKING:
+    from .results import Sweep
+
+#: Level of the paired one-sided test (and 1 − the interval's confidence).
+ALPHA = 0.05
+SETTING = ["clip_bound", "batch_size", "learning_rate"]
+SINGLE_SEED = ("one seed per setting: no error bars — the optimum cannot be told from its neighbours "
+               "(run several seeds, e.g. `seeds: [0, 1, 2]`)")
+
+
+def per_seed(trials: pd.DataFrame) -> pd.DataFrame:
+    """Finished private trials as one row per (cell, setting) and one column per seed: accuracy."""
+    done = trials[trials["private"] & trials["accuracy"].notna() & (trials["status"] == "finished")]
+    if done.empty:
+        return pd.DataFrame()
+    done = done.assign(seed=done["seed"].fillna(0) if "seed" in done else 0)   # no seed recorded: one seed
+    return done.pivot_table(index=["cell_name", *SETTING], columns="seed", values="accuracy", aggfunc="mean")
+
+
+def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """Per (cell, setting) of a :func:`per_seed` table: its seed-mean, seeds, the one-sided paired
+    p-value of "the cell's best is better", and ``indistinguishable`` (p ≥ alpha, or the best itself;
+    False where fewer than two seeds are shared: no test)."""
+    rows = []
+    for cell, block in table.groupby(level="cell_name"):
+        means = block.mean(axis=1)
+        best = means.idxmax()
+        for key, accuracies in block.iterrows():
+            shared = accuracies.notna() & block.loc[best].notna()
+            n = int(shared.sum())
+            p = math.nan
+            if key == best:
+                p = 1.0
+            elif n >= 2:
+                diff = (block.loc[best][shared] - accuracies[shared]).to_numpy(dtype=float)
+                if np.allclose(diff, diff[0]):   # no spread: equal means tie, any gap is certain
+                    p = 1.0 if diff[0] <= 0 else 0.0
+                else:
+                    p = float(stats.ttest_rel(block.loc[best][shared], accuracies[shared],
+                                              alternative="greater").pvalue)
+            rows.append({"cell_name": cell, **dict(zip(SETTING, key[1:])), "accuracy": float(means[key]),
+                         "seeds": int(accuracies.notna().sum()), "p_value": p, "best": key == best,
+                         "indistinguishable": bool(key == best or (not math.isnan(p) and p >= alpha))})
+    return pd.DataFrame(rows)
+
+
+def optimum_intervals(sets: pd.DataFrame, table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """Per cell: the best setting's t-interval (1 − alpha) of its mean accuracy, how many settings are
+    indistinguishable from it, and the range of C, B and η over them."""
+    rows = []
+    for cell, group in sets.groupby("cell_name"):
+        best = group[group["best"]].iloc[0]
+        values = table.loc[(cell, *[best[c] for c in SETTING])].dropna().to_numpy(dtype=float)
+        n = len(values)
+        low = high = math.nan
+        if n >= 2:
+            half = stats.t.ppf(1 - alpha / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
+            low, high = values.mean() - half, values.mean() + half
+        tied = group[group["indistinguishable"]]
+        rows.append({"cell_name": cell, "accuracy_low": low, "accuracy_high": high,
+                     "indistinguishable": len(tied) if n >= 2 else math.nan,
+                     **{f"{c}_{end}": (tied[c].min() if end == "min" else tied[c].max()) if n >= 2 else math.nan
+                        for c in SETTING for end in ("min", "max")}})
+    return pd.DataFrame(rows)
+
+
+def compare_optima(intervals: pd.DataFrame, a: str, b: str, axis: str = "clip_bound") -> str:
+    """"larger", "smaller" or "not distinguishable": the optimal ``axis`` of cell ``a`` against cell
+    ``b``, from their indistinguishable sets (see the module docstring); "unknown" without error bars."""
+    ra, rb = (intervals.set_index("cell_name").loc[c] for c in (a, b))
+    if any(math.isnan(r[f"{axis}_{end}"]) for r in (ra, rb) for end in ("min", "max")):
+        return "unknown"
+    if ra[f"{axis}_min"] > rb[f"{axis}_max"]:
+        return "larger"
+    if ra[f"{axis}_max"] < rb[f"{axis}_min"]:
+        return "smaller"
+    return "not distinguishable"
+
+
+def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
+                    across: str = "epsilon") -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """The heatmap table with an ``indistinguishable`` column (its (C, B)'s best η is not told from
+    the cell's optimum), the optima with their intervals and ranges, and the between-cell
+    statements on the optimal C across ``across`` — or ``[SINGLE_SEED]`` when no setting ran on two
+    seeds."""
+    table = per_seed(sweep.trials)
+    if table.empty or int(table.notna().sum(axis=1).max()) < 2:
+        return heatmap.assign(indistinguishable=False), optima, [SINGLE_SEED] if not table.empty else []
+    sets = indistinguishable(table)
+    keys = ["cell_name", *SETTING]
+    heatmap = heatmap.merge(sets[keys + ["indistinguishable"]], on=keys, how="left")
+    heatmap["indistinguishable"] = heatmap["indistinguishable"].fillna(False).astype(bool)
+    intervals = optimum_intervals(sets, table)
+    return heatmap, optima.merge(intervals, on="cell_name", how="left"), between_cells(sweep, intervals, across)
+
+
+def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> list[str]:
+    """For each facet, each pair of neighbouring cells along ``across``: whether the optimal C is larger,
+    smaller or not distinguishable (:func:`compare_optima`)."""
+    lines = []
+    known = set(intervals["cell_name"])
+    for facet, cells in sweep.facets(across):
+        names = [n for n in cells.sort_values(across)["cell_name"] if n in known]
+        for a, b in zip(names, names[1:]):
+            verdict = compare_optima(intervals, a, b)
+            if verdict != "unknown":
+                lines.append(f"{facet}: optimal C at {a} against {b}: {verdict} "
+                             f"(indistinguishable sets, α = {ALPHA:g})")
+    return lines

@@ -1,0 +1,113 @@
+"""Issue 25, item 1: error bars on a sweep's answer — the settings a paired one-sided t-test over
+seeds cannot tell from a cell's best, the interval of the best's mean, between-cell statements on the
+optimal C, and one line when a single seed cannot tell. Checked against hand-computed t statistics and
+planted answers; the test's error rate under a planted tie is measured by simulation."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from dptune.analysis.report import analyse, optimum_lines
+from dptune.analysis.results import Sweep
+from dptune.analysis.uncertainty import (ALPHA, SINGLE_SEED, compare_optima, indistinguishable, optimum_intervals,
+                                         per_seed, with_error_bars)
+from dptune.analysis import figures
+from dptune.platform.store import ResultsStore
+
+
+def trials(accuracies: dict, epsilon: float = 1.0) -> list[dict]:
+    """Rows of one cell: {(C, B, η): [accuracy per seed]}."""
+    rows = []
+    for (c, b, lr), values in accuracies.items():
+        for seed, acc in enumerate(values):
+            rows.append({"trial_id": f"e{epsilon}-{c}-{b}-{lr}-{seed}", "status": "finished", "backbone": "mlp",
+                         "dataset": "digits", "epsilon": epsilon, "epochs": 2, "clip_bound": c, "batch_size": b,
+                         "learning_rate": lr, "seed": seed, "private": True, "accuracy": acc})
+    return rows
+
+
+def planted(means: dict, seeds: int, rng: np.random.Generator, shared: float = 0.05, own: float = 0.004) -> dict:
+    """Per setting, accuracies = its mean + a seed effect shared by every setting (common random
+    numbers) + a small effect of its own."""
+    seed_effect = rng.normal(0, shared, seeds)
+    return {k: list(m + seed_effect + rng.normal(0, own, seeds)) for k, m in means.items()}
+
+
+def test_p_values_are_the_paired_one_sided_t_test():
+    acc = {(1.0, 64, 1.0): [0.80, 0.84, 0.78, 0.82], (0.1, 64, 1.0): [0.79, 0.80, 0.77, 0.80],
+           (10.0, 64, 1.0): [0.81, 0.83, 0.79, 0.80]}
+    sets = indistinguishable(per_seed(Sweep.from_frame(pd.DataFrame(trials(acc))).trials))
+    best = np.array(acc[(1.0, 64, 1.0)])
+    for key in [(0.1, 64, 1.0), (10.0, 64, 1.0)]:
+        d = best - np.array(acc[key])
+        t = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
+        row = sets[sets.clip_bound == key[0]].iloc[0]
+        assert row.p_value == pytest.approx(1 - stats.t.cdf(t, len(d) - 1), rel=1e-9)
+        assert row.indistinguishable == (row.p_value >= ALPHA)
+    assert sets[sets.best].clip_bound.tolist() == [1.0]
+
+
+def test_a_planted_tie_is_kept_and_a_planted_gap_excluded_thanks_to_pairing():
+    """Seed-to-seed spread (sd 5 points) ten times the gap (2 points): unpaired, the gap could not be
+    seen with five seeds; paired, it is."""
+    rng = np.random.default_rng(0)
+    means = {(1.0, 64, 1.0): 0.80, (2.0, 64, 1.0): 0.80, (0.1, 64, 1.0): 0.78}
+    sweep = Sweep.from_frame(pd.DataFrame(trials(planted(means, 5, rng))))
+    sets = indistinguishable(per_seed(sweep.trials)).set_index("clip_bound")
+    assert sets.loc[0.1, "indistinguishable"] == False  # noqa: E712
+    assert sets.loc[1.0, "indistinguishable"] and sets.loc[2.0, "indistinguishable"]
+    unpaired = stats.ttest_ind(*(per_seed(sweep.trials).xs(c, level="clip_bound").iloc[0] for c in (1.0, 0.1)))
+    assert unpaired.pvalue > ALPHA
+
+
+def test_the_rate_of_false_gaps_under_a_planted_tie_is_about_twice_alpha():
+    """Two equal settings: the best is the larger mean of the two, so the one-sided test at α rejects
+    their tie with probability 2α (the selection), measured over 600 simulated sweeps."""
+    rng = np.random.default_rng(1)
+    rejected = 0
+    for _ in range(600):
+        acc = planted({(1.0, 64, 1.0): 0.8, (2.0, 64, 1.0): 0.8}, 4, rng)
+        sets = indistinguishable(per_seed(Sweep.from_frame(pd.DataFrame(trials(acc))).trials))
+        rejected += int(not sets.indistinguishable.all())
+    assert 2 * ALPHA - 0.035 < rejected / 600 < 2 * ALPHA + 0.035
+
+
+def test_interval_of_the_best_and_between_cell_statements():
+    rng = np.random.default_rng(2)
+    grid = [0.1, 1.0, 10.0]
+    small_eps = {(c, 64, 1.0): 0.80 - (0.10 if c != 10.0 else 0) for c in grid}   # optimum C = 10
+    large_eps = {(c, 64, 1.0): 0.90 - (0.10 if c != 0.1 else 0) for c in grid}    # optimum C = 0.1
+    flat = {(c, 64, 1.0): 0.85 for c in grid}
+    frame = pd.DataFrame(trials(planted(small_eps, 4, rng), 1.0) + trials(planted(large_eps, 4, rng), 8.0)
+                         + trials(planted(flat, 4, rng), 4.0))
+    sweep = Sweep.from_frame(frame)
+    table = per_seed(sweep.trials)
+    intervals = optimum_intervals(indistinguishable(table), table).set_index("cell_name")
+    names = {eps: sweep.trials[sweep.trials.epsilon == eps].cell_name.iloc[0] for eps in (1.0, 4.0, 8.0)}
+    best = table.loc[(names[1.0], 10.0, 64, 1.0)].to_numpy()
+    half = stats.t.ppf(1 - ALPHA / 2, 3) * best.std(ddof=1) / 2
+    assert intervals.loc[names[1.0], "accuracy_low"] == pytest.approx(best.mean() - half)
+    assert intervals.loc[names[1.0], "accuracy_high"] == pytest.approx(best.mean() + half)
+    intervals = intervals.reset_index()
+    assert compare_optima(intervals, names[1.0], names[8.0]) == "larger"
+    assert compare_optima(intervals, names[8.0], names[1.0]) == "smaller"
+    assert compare_optima(intervals, names[1.0], names[4.0]) == "not distinguishable"
+    heatmap, optima, comparisons = with_error_bars(sweep, sweep.heatmap_table(), sweep.optima())
+    assert len(comparisons) == 2 and all("optimal C at" in c for c in comparisons)
+    assert heatmap[heatmap.cell_name == names[4.0]].indistinguishable.sum() == 3   # the flat cell: all tied
+    lines = optimum_lines(optima, comparisons)
+    assert any("95% interval" in line and "not distinguishable from it" in line for line in lines)
+    fig = figures.heatmap_figure(heatmap, sweep.cells()[sweep.cells().cell_name == names[4.0]], "flat")
+    dashed = [p for p in fig.axes[0].patches if p.get_linestyle() == "--"]
+    assert len(dashed) == 2   # the two settings tied with the starred optimum
+
+
+def test_a_single_seed_sweep_says_it_cannot_tell(tmp_path):
+    store = ResultsStore(str(tmp_path / "store"))
+    for row in trials({(c, 64, 1.0): [0.8 + c / 100] for c in (0.1, 1.0)}):
+        store.write_trial({**row, "experiment": "x", "cell": "digits/mlp", "model": "mlp"})
+    a = analyse(store, noise=False, gradnorms=False)
+    assert SINGLE_SEED in a.notes and a.comparisons == [SINGLE_SEED]
+    assert optimum_lines(a.optima, a.comparisons)[-1] == SINGLE_SEED
