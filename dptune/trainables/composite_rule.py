@@ -8,8 +8,8 @@ parameter no closed form covers: a user's block that uses its own parameter in a
 around a sub-module, a leaf module of unknown algebra, a module found to use a parameter outside
 its own module, attention that ``replay_rule`` does not cover; and each use of a tied parameter.
 The per-example gradients are materialised ([b, *shape] per parameter): the closed forms and the
-replay rule stay the fast paths. Recurrent layers inside such a unit are refused (their fused
-kernels have no batching rule; on their own they go to ``replay_rule``).
+replay rule stay the fast paths. Recurrent layers inside such a unit run ``recurrent.rnn_forward``
+in the replay (their fused kernels have no batching rule; on their own they go to ``replay_rule``).
 
 Where the batch sits: dim 1 of a sequence-first ``MultiheadAttention``'s query, key and value; dim
 0 of every other input tensor whose leading size is the batch's (any other input is shared by the
@@ -18,17 +18,21 @@ compares Σ_i g_i with the batch gradient.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 from torch.func import functional_call, vjp, vmap
+from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import UserError
 from .layer_rules import Call, LayerGrads, NormContext, Rule, _materialised_rule, _nbytes
+from .recurrent import rnn_forward
 
 
 @dataclass
@@ -120,9 +124,37 @@ class Composite(Rule):
             for i, x in zip(batched, inputs):
                 values[i] = x.unsqueeze(dims[i])
             args, kwargs = tree_unflatten(values, spec)
-            return tuple(self.outputs(module, functional_call(module, params, args, kwargs), ""))
+            with replayed_recurrent_layers(module):
+                return tuple(self.outputs(module, functional_call(module, params, args, kwargs), ""))
 
         return _View(forward, [leaves[i] for i in batched], [dims[i] for i in batched], filled(call), out_dims)
+
+
+@contextlib.contextmanager
+def replayed_recurrent_layers(unit: nn.Module) -> Iterator[None]:
+    """Inside ``unit``, every RNN/LSTM/GRU runs ``recurrent.rnn_forward`` (plain ops, which vmap
+    batches) instead of its fused kernel (which it cannot) for the duration of the block."""
+    layers = [m for m in unit.modules() if isinstance(m, nn.RNNBase)]
+    for layer in layers:
+        layer.forward = functools.partial(_plain_rnn, layer)   # an instance attribute shadows the class's
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+def _plain_rnn(layer: nn.RNNBase, x: torch.Tensor, hx: object = None) -> tuple[torch.Tensor, object]:
+    """``layer``'s forward by ``rnn_forward`` on its current weights (a ``functional_call``'s own)."""
+    if isinstance(x, PackedSequence) or x.dim() != 3:
+        raise UserError(f"{type(layer).__name__} inside a unit: packed or unbatched input has no per-example "
+                        "replay there (give the recurrent layer's parameters no expression outside it)")
+    if layer.training and layer.dropout > 0 and layer.num_layers > 1:
+        raise UserError(f"{type(layer).__name__} with dropout = {layer.dropout} inside a unit: its replay cannot "
+                        "draw the same masks: set dropout to 0")
+    weights = {name: getattr(layer, name) for name in layer._flat_weights_names}
+    out, final = rnn_forward(layer, weights, x if layer.batch_first else x.transpose(0, 1), hx)
+    return (out if layer.batch_first else out.transpose(0, 1)), final
 
 
 def _input_dims(module: nn.Module, call: Call, leaves: list, batch_size: int) -> list[int | None]:

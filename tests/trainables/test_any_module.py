@@ -380,3 +380,29 @@ def test_torchvision_vit_and_lstm_train_end_to_end(model, options, rule):
     assert any(row[0].endswith(unit) and rule in row for row in table)
     accuracy = float(text.splitlines()[-1].split("test acc")[1].split()[0])
     assert accuracy > 0.3
+
+
+class ScaledLSTM(nn.Module):
+    """A block that scales an LSTM's output by its own parameter: the block is one unit, and its
+    LSTM is replayed in plain ops inside the unit's vmap."""
+
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(5, 6, num_layers=2, batch_first=batch_first)
+        self.scale = nn.Parameter(torch.randn(6))
+        self.batch_first = batch_first
+
+    def forward(self, x):
+        h = x if self.batch_first else x.transpose(0, 1)
+        out, (hn, _) = self.lstm(h)
+        out = out if self.batch_first else out.transpose(0, 1)
+        return out * self.scale + hn[-1][:, None, :]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_a_recurrent_layer_inside_a_unit_matches_the_loop(batch_first):
+    torch.manual_seed(0)
+    model = Head(ScaledLSTM(batch_first), 6).double()
+    x, y = padded(4, 5)(torch.Generator().manual_seed(1)), torch.arange(6) % CLASSES
+    engine = check(model, x, y, micro=4)
+    assert {r["module"]: r["rule"] for r in engine.norms.explain()}["body"] == "unit (vmap)"
