@@ -273,7 +273,9 @@ class BookKeepingEngine:
                 q = entry.qualified[entry.names.index(local)]
                 self._tied[q] = self._tied[q] + g if q in self._tied else g
                 kept += g.numel() * g.element_size()
-            form = f"tied {', '.join(tied)}: per-example vmap, summed over its uses"
+            uses = sorted({e.name or "<root>" for e in self.planned for n in tied
+                           if entry.qualified[entry.names.index(n)] in e.qualified})
+            form = f"tied {', '.join(tied)}: per-example vmap, summed over its uses ({', '.join(uses)})"
         own = [n for n in entry.names if n not in entry.tied]
         grads = entry.rule.per_sample(entry.module, calls, own, self.ctx, batch_size) if own else None
         entry.form = "; ".join(f for f in (grads.form if grads else "", form) if f)
@@ -335,9 +337,9 @@ class BookKeepingEngine:
         """Re-plan with the module above each handler of ``names`` taken as one unit."""
         handlers = {e.name for e in self.planned if set(e.qualified) & set(names)}
         if "" in handlers or not handlers:
-            raise UserError(", ".join(names) + ": no per-example gradient, even with the whole model as one "
-                            "unit: their batch gradient is not the sum of per-example ones (a use that mixes "
-                            "examples, or randomness the replay cannot draw again)")
+            raise UserError(", ".join(map(self._with_uses, names)) + ": no per-example gradient, even with the "
+                            "whole model as one unit: their batch gradient is not the sum of per-example ones (a "
+                            "use that mixes examples, or randomness the replay cannot draw again)")
         self.widened |= {h.rsplit(".", 1)[0] if "." in h else "" for h in handlers}
         self.planned = plan_modules(self.model, self.widened)
         self.ctx.layers = {id(e.module): i for i, e in enumerate(self.planned)}
@@ -469,6 +471,11 @@ class BookKeepingEngine:
         if missing:
             raise _Uncovered(missing)
         self.checked = True
+
+    def _with_uses(self, qualified: str) -> str:
+        """A parameter's name, with the modules that use it when it is tied."""
+        uses = [e.name or "<root>" for e in self.planned if qualified in e.qualified]
+        return qualified if len(uses) < 2 else f"{qualified} (tied: used by {', '.join(uses)})"
 
     def explain(self) -> list[dict]:
         """Per recorded module of the last micro-batch: its parameters, the rule, the form used for

@@ -303,6 +303,7 @@ def test_gpt2_with_tied_embeddings_fully_fine_tuned_matches_the_loop():
     engine = check(model, {"input_ids": ids}, ids, loss_fn=next_token_loss, micro=3)
     forms = {r["module"]: r["form"] for r in engine.norms.explain()}
     assert "tied" in forms["lm_head"] and "tied" in forms["transformer.wte"]
+    assert "(lm_head, transformer.wte)" in forms["lm_head"]   # the uses are named
     assert forms["transformer.h.0.attn.c_attn"].startswith(("ghost", "materialised"))  # closed forms stay
 
 
