@@ -15,7 +15,9 @@ m ∈ {0.5, 1}; seed 0).
   after 20 optimizer steps, as the embedded default); ``dptune-asha-epochs``: rungs at epoch ends;
   ``dptune-proxy``: proxy runs (``search.proxy``: every configuration at B/k and σ/k for the cell's T,
   then each cell's choice once at full scale); ``dptune-proxy-asha``: both;
-  ``…-all-B``: the same over every B on the plateau;
+  ``…-all-B``: the same over every B on the plateau; ``…-transfer``: with transfer across the ε cells
+  (``search.transfer``: the largest ε first, each smaller ε only within one grid step of the previous
+  cell's best);
   ``dptune@DIR`` (with ``--compare-with DIR``): the ``dptune`` run from another checkout (e.g. the
   code before a change), for the change's own row.
 
@@ -45,7 +47,8 @@ from pathlib import Path
 DELTA, SEED = 1e-5, 0
 ETA_REF, B_REF = 2.0, 128
 RUNS = ["baseline", "dptune", "dptune-asha", "dptune-asha-epochs", "dptune-proxy", "dptune-proxy-asha",
-        "dptune-all-B", "dptune-asha-all-B", "dptune-proxy-all-B"]
+        "dptune-all-B", "dptune-asha-all-B", "dptune-proxy-all-B", "dptune-transfer", "dptune-asha-transfer",
+        "dptune-proxy-asha-transfer"]
 #: The scheduler of the runs named ``…asha…``: rungs in optimizer steps (the embedded default's), or at
 #: epoch ends for ``…asha-epochs…``.
 ASHA = {"steps": "{name: asha, grace_steps: 20, reduction_factor: 3}",
@@ -124,13 +127,15 @@ def run_baseline(args: argparse.Namespace, storage: str) -> dict:
             "best": best}
 
 
-def spec_text(args: argparse.Namespace, *, scheduler: str | None, capped: bool, proxy: int) -> str:
+def spec_text(args: argparse.Namespace, *, scheduler: str | None, capped: bool, proxy: int,
+              transfer: bool = False) -> str:
     """The cells as a dptune sweep spec (the embedded default's pruning); ``capped=False`` searches
     every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 ranks at B/k and σ/k, then
-    trains each cell's choice at full scale."""
+    trains each cell's choice at full scale; ``transfer`` searches each smaller ε near the previous best."""
     search = ("search: {algorithm: grid"
               + (f", scheduler: {ASHA[scheduler]}" if scheduler else "")
-              + (f", proxy: {{batch_divisor: {proxy}}}" if proxy > 1 else "") + "}")
+              + (f", proxy: {{batch_divisor: {proxy}}}" if proxy > 1 else "")
+              + (", transfer: {radius: 1}" if transfer else "") + "}")
     return f"""experiment: e2e
 axes: {{epsilon: {args.epsilons}, delta: {DELTA}, backbone: [cnn], dataset: [{args.dataset}], epochs: [{args.epochs}]}}
 clip_bound: {args.clips}
@@ -149,7 +154,7 @@ def run_dptune(args: argparse.Namespace, name: str, storage: str) -> dict:
     spec = Path(storage) / "spec.yaml"
     scheduler = ("epochs" if "asha-epochs" in base else "steps") if "asha" in base else None
     spec.write_text(spec_text(args, scheduler=scheduler, capped=not base.endswith("all-B"),
-                              proxy=args.proxy_divisor if "proxy" in base else 1))
+                              proxy=args.proxy_divisor if "proxy" in base else 1, transfer=base.endswith("transfer")))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTUNE_CACHE_DIR": str(Path(storage) / "cache")}
     if checkout:
         env["PYTHONPATH"] = checkout

@@ -19,6 +19,8 @@ Around a strategy:
   smaller C are recorded as equivalent instead of trained (NOT private: it reads per-sample norms);
 - :class:`WarmStart`: the cell's first proposal is a point given when the cell starts (the best
   finished configuration of a neighbouring cell, mapped into this one);
+- :class:`Transfer` (``search.transfer``, grid cells): the grid restricted to a neighbourhood of the
+  previous ε cell's best, once that cell is done;
 - :class:`CellSearch` runs each configuration once per training seed and tells the strategy the
   mean (private draws carry their own seed and run once); under proxy runs (``search.proxy``) it
   hands out the configurations at (B/k, σ/k, T) and, once they are all in, the best one at full
@@ -57,6 +59,10 @@ class Ordered:
 
     def __init__(self, keys: Sequence[object]) -> None:
         self.queue = deque(keys)
+
+    def restrict(self, allowed: set) -> None:
+        """Hand out only the configurations in ``allowed`` (a transfer's neighbourhood)."""
+        self.queue = deque(k for k in self.queue if k in allowed)
 
     def ask(self, search: "CellSearch") -> object | None:
         return self.queue.popleft() if self.queue else None
@@ -128,6 +134,11 @@ class ClipChains:
                        for mi in range(len(cell.space.learning_rate.multipliers))}
         self.running: set[tuple[int, int]] = set()
 
+    def restrict(self, allowed: set) -> None:
+        """Hand out only the configurations in ``allowed`` (a transfer's neighbourhood); a chain keeps
+        its order, largest C first."""
+        self.chains = {chain: [k for k in rest if k in allowed] for chain, rest in self.chains.items()}
+
     def ask(self, search: "CellSearch") -> object | None:
         pending = [chain for chain, rest in self.chains.items() if rest]
         for chain in pending:
@@ -163,6 +174,51 @@ class WarmStart:
 
     def tell(self, outcome: Outcome) -> list:
         return self.inner.tell(outcome)
+
+
+class Transfer:
+    """``inner``'s search (a grid: :class:`Ordered` or :class:`ClipChains`) restricted to the
+    configurations within ``radius`` grid steps, in C, B and η, of the best configuration of
+    ``source`` — the previous cell of its ε chain, waited for until it is done — mapped into this
+    cell: the nearest C and searched B (in log), and the nearest η multiplier, first scaled by
+    ε_this/ε_source under ``lr_scaling == "linear"`` (Panda et al., "A new linear scaling rule for
+    private adaptive hyperparameter optimization": the optimal η·T is roughly linear in ε). With no
+    result in the source, the whole grid."""
+
+    def __init__(self, inner: object, source: "CellSearch", cell: "CellPlan", radius: int,
+                 lr_scaling: str = "none") -> None:
+        self.inner, self.source, self.cell, self.radius, self.lr_scaling = inner, source, cell, radius, lr_scaling
+        self.center: Indices | None = None
+        self.started = False
+
+    def ask(self, search: "CellSearch") -> object | None:
+        if not self.started:
+            if not self.source.done or self.source.running:   # every result of the source in
+                return WAIT
+            self.started = True
+            best = self.source.best()
+            if best is not None:
+                self.center = self.mapped(best[0])
+                self.inner.restrict(set(self.neighbourhood()))
+        return self.inner.ask(search)
+
+    def tell(self, outcome: Outcome) -> list:
+        return self.inner.tell(outcome)
+
+    def mapped(self, indices: Indices) -> Indices:
+        """The source's configuration as the nearest configuration of this cell."""
+        clip, batch, multiplier = self.source.cell.values(indices)
+        if self.lr_scaling == "linear":
+            multiplier *= self.cell.cell.epsilon / self.source.cell.cell.epsilon
+        mine = (self.cell.clip_bounds, self.cell.searched_batch_sizes, self.cell.space.learning_rate.multipliers)
+        return tuple(min(range(len(values)), key=lambda k, v=v, values=values: (abs(math.log(values[k] / v)), values[k]))
+                     for values, v in zip(mine, (clip, batch, multiplier)))
+
+    def neighbourhood(self) -> list[Indices]:
+        sizes = (len(self.cell.clip_bounds), len(self.cell.searched_batch_sizes),
+                 len(self.cell.space.learning_rate.multipliers))
+        ranges = [range(max(0, c - self.radius), min(n, c + self.radius + 1)) for c, n in zip(self.center, sizes)]
+        return [(ci, bi, mi) for ci in ranges[0] for bi in ranges[1] for mi in ranges[2]]
 
 
 @dataclass

@@ -8,7 +8,8 @@ every cell is done. Which strategy a cell gets (:func:`cell_strategy`): the grid
 search's seeded sample in order (``grid`` cells with flat clipping through :class:`ClipChains`),
 Optuna TPE over the indices (with ``warm_start``, first the best finished configuration of a
 neighbouring cell: the adjacent ε, or the other backbone, moved to the nearest searched B), or
-private selection's K draws. ``save``/``restore`` pickle the whole state, so ``Tuner.restore``
+private selection's K draws; with ``search.transfer`` a grid cell searches only near the best of
+the cell before it in its ε chain (:class:`~.cell_search.Transfer`). ``save``/``restore`` pickle the whole state, so ``Tuner.restore``
 resumes the search where it stopped (the pickle is read only from the experiment's own folder:
 as for any pickle, resume only experiments whose folder nobody else can write, see the README).
 A restored searcher is told, before its first suggestion, which trials Ray Tune's snapshot holds
@@ -30,7 +31,7 @@ from ray.tune.search import Searcher
 
 from pyarrow.fs import LocalFileSystem
 
-from .cell_search import WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, WarmStart
+from .cell_search import WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, Transfer, WarmStart
 from .durable import read_file, write_bytes
 from .faults import fault_point
 
@@ -65,6 +66,11 @@ class SweepSearcher(Searcher):
         self.cells = [CellSearch(cell, cell_strategy(plan, i, mode=mode, clip_equivalence=clip_equivalence,
                                                      warm_start=lambda i=i: self.warm_start_point(i)),
                                  plan.space.seeds, mode=mode) for i, cell in enumerate(plan.cells)]
+        search = plan.space.search
+        if search.transfer_radius is not None:
+            for cell, source in transfer_sources(plan).items():
+                self.cells[cell].strategy = Transfer(self.cells[cell].strategy, self.cells[source], plan.cells[cell],
+                                                     search.transfer_radius, search.transfer_lr_scaling)
         #: trials recorded, not trained: {"source": Ray trial id, "config": trial config}
         self.equivalents: list[dict] = []
         self._cursor = 0                                   # the first cell not done
@@ -167,18 +173,41 @@ class SweepSearcher(Searcher):
     # --- internals ---------------------------------------------------------------------------------
 
     def _propose(self) -> None:
-        """Queue the trials of the next configuration of the first cell that has one."""
-        for i in range(self._cursor, len(self.cells)):
-            proposed = self.cells[i].propose()
-            if proposed is None:
-                if i == self._cursor:
-                    self._cursor += 1
-                continue
-            if proposed == WAIT:
-                continue
-            pid, configs = proposed
-            self._pending.extend((i, pid, config) for config in configs)
-            return
+        """Queue the trials of the next configuration of the first cell that has one (scanning again
+        when a cell finished its search during the scan: a cell waiting for it may go on now)."""
+        while True:
+            finished = False
+            for i in range(self._cursor, len(self.cells)):
+                was_done = self.cells[i].done
+                proposed = self.cells[i].propose()
+                if proposed is None:
+                    finished |= not was_done
+                    if i == self._cursor:
+                        self._cursor += 1
+                    continue
+                if proposed == WAIT:
+                    continue
+                pid, configs = proposed
+                self._pending.extend((i, pid, config) for config in configs)
+                return
+            if not finished:
+                return
+
+
+def transfer_sources(plan: "SweepPlan") -> dict[int, int]:
+    """{cell: the cell it transfers from}: cells that differ only in ε (same dataset, backbone,
+    epochs, δ, options; private, not private selection) in a chain from the largest ε down, each
+    from the one before it."""
+    chains: dict[tuple, list[int]] = {}
+    for i, c in enumerate(plan.cells):
+        cell = c.cell
+        if cell.private and not c.private:
+            chains.setdefault((cell.dataset, cell.backbone, cell.epochs, cell.delta, cell.options), []).append(i)
+    sources = {}
+    for members in chains.values():
+        ordered = sorted(members, key=lambda i: plan.cells[i].cell.epsilon, reverse=True)
+        sources.update(zip(ordered[1:], ordered[:-1]))
+    return sources
 
 
 def chained(plan: "SweepPlan", cell: int, *, clip_equivalence: bool = True) -> bool:

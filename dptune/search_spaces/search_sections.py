@@ -153,6 +153,11 @@ class Search:
     #: proxy runs (``proxy: {batch_divisor: k}``, :mod:`.proxy`): a private cell's configurations are
     #: ranked at (B/k, σ/k, T) and its chosen one trained once at full scale; 1: no proxies
     proxy_divisor: int = 1
+    #: transfer across cells (``transfer: {radius: r, lr_scaling: linear}``, grid only): cells that
+    #: differ only in ε are searched from the largest ε down, each only within r grid steps of the
+    #: previous cell's best (η moved by ε_new/ε_old first with ``lr_scaling: linear``); None: off
+    transfer_radius: int | None = None
+    transfer_lr_scaling: str = "none"
 
 
 @dataclass(frozen=True)
@@ -420,7 +425,8 @@ def parse_scheduler(value: Any) -> Scheduler:
 
 @register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler")
 def parse_search(value: Any, catalog: Catalog) -> Search:
-    raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler", "proxy"))
+    raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler", "proxy",
+                                    "transfer"))
     algorithm = choice(raw.get("algorithm", "grid"), "search.algorithm", ALGORITHMS)
     budget = raw.get("budget")
     if algorithm == "grid":
@@ -438,10 +444,25 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
     warm = raw.get("warm_start", False)
     if not isinstance(warm, bool):
         raise SpecError(f"search.warm_start: must be true or false; got {warm!r}")
+    radius, scaling = parse_transfer(raw.get("transfer"))
+    if radius is not None and algorithm != "grid":
+        raise SpecError(f"search.transfer: only applies to algorithm grid (optuna has warm_start); got {algorithm}")
     return Search(algorithm, None if budget is None else integer(budget, "search.budget", ge=1),
                   integer(raw.get("seed", 0), "search.seed", ge=0),
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
-                  parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")))
+                  parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling)
+
+
+TRANSFER_LR_SCALINGS = ("none", "linear")
+
+
+def parse_transfer(value: Any) -> tuple[int | None, str]:
+    """``search.transfer: {radius: r, lr_scaling: none|linear}`` (``true``: radius 1): (r or None, scaling)."""
+    if value is None or value is False:
+        return None, "none"
+    raw = mapping({} if value is True else value, "search.transfer", ("radius", "lr_scaling"))
+    return (integer(raw.get("radius", 1), "search.transfer.radius", ge=0),
+            choice(raw.get("lr_scaling", "none"), "search.transfer.lr_scaling", TRANSFER_LR_SCALINGS))
 
 
 def parse_proxy(value: Any) -> int:

@@ -11,7 +11,7 @@ from accounting_checks import assert_calibrated
 
 from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
-from dptune.search_spaces import Catalog, load_spec, plan_sweep
+from dptune.search_spaces import Catalog, SpecError, load_spec, plan_sweep
 
 N, EPOCHS, SEARCHED_B = 200, 2, (5, 10, 20, 40)   # B = 100 has T = 4 < min_steps 5; 400 > N
 
@@ -234,3 +234,49 @@ def test_a_restored_searcher_hands_out_again_what_the_trial_snapshot_lost(catalo
     assert after.unrun() == 0
     total = ended + [handed[t] for t in ("t4", "t5")] + again + rest
     assert sorted(key(t) + (t["epsilon"],) for t in total) == uninterrupted
+
+
+@pytest.mark.parametrize("lr_scaling,multipliers", [("none", {0.5, 1.0, 2.0}), ("linear", {0.5, 1.0})])
+def test_transfer_searches_each_smaller_eps_near_the_previous_best(catalog, toy_spec, lr_scaling, multipliers):
+    """search.transfer: the largest ε runs its whole grid first; each smaller ε then runs only the
+    configurations within one grid step of the previous cell's best (C = 1, B = 20, η×1 here), with
+    η×1 moved to η×(ε/ε_prev) = ×0.5 first under the linear rule; the answer is still the optimum."""
+    spec = toy_spec(axes={"epsilon": [1, 2, 4], "delta": 1e-5, "backbone": ["mlp"], "dataset": ["toy"], "epochs": [2]},
+                    clip_bound=[0.01, 0.1, 1, 10, 100], search={"transfer": {"radius": 1, "lr_scaling": lr_scaling}})
+    plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
+    searcher = SweepSearcher(plan, metric="accuracy")
+    trials = run(searcher)
+    by_eps = {e: [t for t in trials if t["epsilon"] == e] for e in (1.0, 2.0, 4.0)}
+    assert len(by_eps[4.0]) == 5 * len(SEARCHED_B) * 3
+    last_of_4 = max(i for i, t in enumerate(trials) if t["epsilon"] == 4.0)
+    assert all(trials.index(t) > last_of_4 for t in by_eps[2.0])   # waits for its source to be done
+    expected = set(itertools.product([0.1, 1.0, 10.0], [10, 20, 40], multipliers))
+    for eps in (2.0, 1.0):
+        assert {(t["clip_bound"], t["batch_size"], t["lr_multiplier"]) for t in by_eps[eps]} == expected
+    best = {e: max(ts, key=objective) for e, ts in by_eps.items()}
+    assert all((b["clip_bound"], b["batch_size"]) == (1.0, 20) for b in best.values())
+    assert searcher.suggest("again") == Searcher.FINISHED
+
+
+def test_transfer_waits_for_every_result_of_its_source(catalog, toy_spec):
+    """With the source cell's last trial still running, the next ε cell hands out nothing; once that
+    result is in, it starts near the source's best."""
+    spec = toy_spec(axes={"epsilon": [1, 4], "delta": 1e-5, "backbone": ["mlp"], "dataset": ["toy"], "epochs": [2]},
+                    clip_bound=[1], search={"transfer": True})   # one C: the whole grid at once (no clip chains)
+    plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
+    searcher = SweepSearcher(plan, metric="accuracy")
+    handed = []
+    while (config := searcher.suggest(f"t{len(handed)}")) is not None:
+        handed.append(config)
+    assert {c["epsilon"] for c in handed} == {4.0} and len(handed) == len(SEARCHED_B) * 3
+    for i, config in enumerate(handed[:-1]):
+        searcher.on_trial_complete(f"t{i}", {"accuracy": objective(config)})
+    assert searcher.suggest("waiting") is None          # the last ε = 4 trial is still running
+    searcher.on_trial_complete(f"t{len(handed) - 1}", {"accuracy": objective(handed[-1])})
+    nxt = searcher.suggest("next")
+    assert nxt["epsilon"] == 1.0 and nxt["batch_size"] in (10, 20, 40)
+
+
+def test_transfer_is_for_grid_search_only(catalog, toy_spec):
+    with pytest.raises(SpecError, match="search.transfer: only applies to algorithm grid"):
+        load_spec(toy_spec(search={"algorithm": "optuna", "budget": 5, "transfer": True}), catalog)
