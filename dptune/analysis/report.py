@@ -28,7 +28,7 @@ from .denoise_cosine import cosine_curves, cosine_figure
 from .gradnorms import QUANTILE_COLUMNS, class_norms
 from .noise import MIN_STEPS, PLATEAU_TOL, cell_noise_curves
 from .results import Sweep, fmt
-from .uncertainty import ALPHA, SINGLE_SEED, between_cells, with_error_bars
+from .uncertainty import ALPHA, SINGLE_SEED, with_error_bars
 
 
 @dataclass
