@@ -31,6 +31,7 @@ from .splits import DatasetSplits, take
 from .splits import with_validation
 from .distributed import Workers, baseline_gradient
 from .engine import DPEngine
+from .frozen_features import head_on_features
 from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
 from .optimizers import make_optimizer
@@ -191,9 +192,16 @@ class Trainer:
 
     def build_model(self, model_options: dict) -> nn.Module:
         """The run's model, before the optimizer and the engine see it (the audit's trainer adds
-        its canary head here: :mod:`.audit`)."""
-        return create_model(self.cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
-                            **model_options)
+        its canary head here: :mod:`.audit`). With ``peft: head`` it is the head alone and the data
+        are the frozen backbone's features, computed once and shared (:mod:`.frozen_features`)."""
+        model = create_model(self.cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
+                             **model_options)
+        self.features_source = None
+        if model_options.get("peft") == "head":
+            cached = head_on_features(model.to(self.device), self.data, self.device)
+            if cached is not None:
+                model, self.data, self.features_source = cached
+        return model
 
     @property
     def num_epochs(self) -> int:
