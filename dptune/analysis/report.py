@@ -28,7 +28,7 @@ from .denoise_cosine import cosine_curves, cosine_figure
 from .gradnorms import QUANTILE_COLUMNS, class_norms
 from .noise import MIN_STEPS, PLATEAU_TOL, cell_noise_curves
 from .results import Sweep, fmt
-from .uncertainty import ALPHA, SINGLE_SEED, with_error_bars
+from .uncertainty import ALPHA, SINGLE_SEED, fixed_setting_lines, with_error_bars
 
 
 @dataclass
@@ -79,6 +79,7 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
         result.notes.append(SINGLE_SEED)
     try:
         result.fixed_setting, result.fixed_cost = sweep.fixed_setting_cost(*(fixed or (None, None)))
+        result.comparisons += fixed_setting_lines(heatmap, result.fixed_cost, result.fixed_setting)
     except ValueError as exc:
         if fixed:
             raise

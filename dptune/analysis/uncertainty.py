@@ -115,7 +115,7 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
         return heatmap.assign(indistinguishable=False), optima, [SINGLE_SEED] if not table.empty else []
     sets = indistinguishable(table)
     keys = ["cell_name", *SETTING]
-    heatmap = heatmap.merge(sets[keys + ["indistinguishable"]], on=keys, how="left")
+    heatmap = heatmap.merge(sets[keys + ["indistinguishable", "p_value"]], on=keys, how="left")
     heatmap["indistinguishable"] = heatmap["indistinguishable"].fillna(False).astype(bool)
     intervals = optimum_intervals(sets, table)
     return heatmap, optima.merge(intervals, on="cell_name", how="left"), between_cells(sweep, intervals, across)
@@ -134,3 +134,24 @@ def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> list[
                 lines.append(f"{facet}: optimal C at {a} against {b}: {verdict} "
                              f"(indistinguishable sets, α = {ALPHA:g})")
     return lines
+
+
+def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tuple[float, float]) -> list[str]:
+    """Whether one global (C, B) (η tuned per cell) costs accuracy, with its error bar: per cell where
+    it is not optimal, its cost and the paired test's p-value against the cell's optimum (from
+    :func:`with_error_bars`' heatmap); one line when it is indistinguishable from the optimum everywhere.
+    Empty without error bars."""
+    if "p_value" not in heatmap:
+        return []
+    c, b = setting
+    at = heatmap[np.isclose(heatmap["clip_bound"], c) & np.isclose(heatmap["batch_size"], b)]
+    at = at.set_index("cell_name")
+    name = f"fixed setting C={c:g}, B={b:g} (η tuned per cell)"
+    lines = []
+    for _, row in cost.dropna(subset=["fixed_accuracy"]).iterrows():
+        if row["cell_name"] not in at.index or bool(at.loc[row["cell_name"], "indistinguishable"]):
+            continue
+        lines.append(f"{name}: costs {100 * row['cost']:.1f} accuracy points at {row['cell_name']} "
+                     f"(paired one-sided t-test over seeds against the optimum: p = "
+                     f"{at.loc[row['cell_name'], 'p_value']:.3g} < α = {ALPHA:g})")
+    return lines or [f"{name}: not distinguishable from the optimum in any cell where it ran (α = {ALPHA:g})"]

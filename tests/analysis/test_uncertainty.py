@@ -111,3 +111,35 @@ def test_a_single_seed_sweep_says_it_cannot_tell(tmp_path):
     a = analyse(store, noise=False, gradnorms=False)
     assert SINGLE_SEED in a.notes and a.comparisons == [SINGLE_SEED]
     assert optimum_lines(a.optima, a.comparisons)[-1] == SINGLE_SEED
+
+
+def test_the_cost_of_a_fixed_setting_comes_with_its_paired_test(tmp_path):
+    """Two cells whose optima differ (C = 10 against C = 0.1): the best single (C, B) loses 10 points in
+    one of them, and the line says so with the p-value scipy gives on the same paired differences; in
+    two flat cells the fixed setting is not distinguishable from the optimum anywhere."""
+    rng = np.random.default_rng(5)
+    grid = [0.1, 10.0]
+    cells = {1.0: {(c, 64, 1.0): 0.80 - (0.10 if c != 10.0 else 0) for c in grid},
+             8.0: {(c, 64, 1.0): 0.92 - (0.10 if c != 0.1 else 0) for c in grid}}
+    rows = [r for eps, means in cells.items() for r in trials(planted(means, 4, rng), eps)]
+    store = ResultsStore(str(tmp_path / "store"))
+    for row in rows:
+        store.write_trial({**row, "experiment": "x", "cell": f"digits/mlp/eps{row['epsilon']}", "model": "mlp"})
+    a = analyse(store, noise=False, gradnorms=False)
+    frame = pd.DataFrame(rows)
+    fixed_c = 0.1 if frame[frame.clip_bound == 0.1].accuracy.mean() > frame[frame.clip_bound == 10.0].accuracy.mean() else 10.0
+    assert a.fixed_setting == (fixed_c, 64)
+    losing_eps = 1.0 if fixed_c == 0.1 else 8.0
+    at = frame[frame.epsilon == losing_eps].pivot_table(index="seed", columns="clip_bound", values="accuracy")
+    other = 10.0 if fixed_c == 0.1 else 0.1
+    p = stats.ttest_rel(at[other], at[fixed_c], alternative="greater").pvalue
+    (line,) = [c for c in a.comparisons if c.startswith("fixed setting")]
+    assert f"C={fixed_c:g}, B=64" in line and f"p = {p:.3g}" in line and p < ALPHA
+    assert f"costs {100 * (at[other].mean() - at[fixed_c].mean()):.1f} accuracy points" in line
+
+    flat = ResultsStore(str(tmp_path / "flat"))
+    for eps in (1.0, 8.0):
+        for row in trials(planted({(c, 64, 1.0): 0.85 for c in grid}, 4, rng), eps):
+            flat.write_trial({**row, "experiment": "x", "cell": f"digits/mlp/eps{eps}", "model": "mlp"})
+    lines = [c for c in analyse(flat, noise=False, gradnorms=False).comparisons if c.startswith("fixed setting")]
+    assert len(lines) == 1 and "not distinguishable from the optimum in any cell" in lines[0]
