@@ -10,8 +10,9 @@ most of the seed-to-seed spread cancels in the differences. The indistinguishabl
 bar of the optimum: drawn outlined on the heatmaps, its range of C, B and η written to ``optima.csv``
 beside a t-interval of the best setting's mean accuracy.
 
-Between cells: "the optimal C at ε = a is larger than at ε = b" when every C of a's indistinguishable
-set exceeds every C of b's (each set holds the best setting with confidence ≥ 1 − ALPHA against each
+Between cells (along every axis that varies: ε, epochs, backbone, dataset), for C and for B: "the
+optimal C at ε = a is larger than at ε = b" when every C of a's indistinguishable set exceeds every C
+of b's (each set holds the best setting with confidence ≥ 1 − ALPHA against each
 rival, so the statement holds at that level up to the union over rivals); "not distinguishable" when
 the ranges overlap. With one seed per setting there are no error bars, and the report says so in one
 line instead of pretending.
@@ -108,8 +109,8 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
                     across: str = "epsilon") -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """The heatmap table with an ``indistinguishable`` column (its (C, B)'s best η is not told from
     the cell's optimum), the optima with their intervals and ranges, and the between-cell
-    statements on the optimal C across ``across`` — or ``[SINGLE_SEED]`` when no setting ran on two
-    seeds."""
+    statements on the optimal C and B across ``across``, then across every other axis that varies —
+    or ``[SINGLE_SEED]`` when no setting ran on two seeds."""
     table = per_seed(sweep.trials)
     if table.empty or int(table.notna().sum(axis=1).max()) < 2:
         return heatmap.assign(indistinguishable=False), optima, [SINGLE_SEED] if not table.empty else []
@@ -118,21 +119,28 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
     heatmap = heatmap.merge(sets[keys + ["indistinguishable", "p_value"]], on=keys, how="left")
     heatmap["indistinguishable"] = heatmap["indistinguishable"].fillna(False).astype(bool)
     intervals = optimum_intervals(sets, table)
-    return heatmap, optima.merge(intervals, on="cell_name", how="left"), between_cells(sweep, intervals, across)
+    axes = [across] + [a for a in sweep.cell_columns if a != across and sweep.trials[a].nunique() > 1]
+    statements = [line for axis in axes for line in between_cells(sweep, intervals, axis)]
+    return heatmap, optima.merge(intervals, on="cell_name", how="left"), statements
+
+
+#: The settings whose optimum :func:`between_cells` compares, and how its lines name them.
+COMPARED = {"clip_bound": "C", "batch_size": "B"}
 
 
 def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> list[str]:
-    """For each facet, each pair of neighbouring cells along ``across``: whether the optimal C is larger,
-    smaller or not distinguishable (:func:`compare_optima`)."""
+    """For each facet, each pair of neighbouring cells along ``across``: whether the optimal C and the
+    optimal B are larger, smaller or not distinguishable (:func:`compare_optima`)."""
     lines = []
     known = set(intervals["cell_name"])
     for facet, cells in sweep.facets(across):
         names = [n for n in cells.sort_values(across)["cell_name"] if n in known]
         for a, b in zip(names, names[1:]):
-            verdict = compare_optima(intervals, a, b)
-            if verdict != "unknown":
-                lines.append(f"{facet}: optimal C at {a} against {b}: {verdict} "
-                             f"(indistinguishable sets, α = {ALPHA:g})")
+            for axis, symbol in COMPARED.items():
+                verdict = compare_optima(intervals, a, b, axis)
+                if verdict != "unknown":
+                    lines.append(f"{facet}: optimal {symbol} at {a} against {b}: {verdict} "
+                                 f"(indistinguishable sets, α = {ALPHA:g})")
     return lines
 
 

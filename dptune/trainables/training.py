@@ -145,8 +145,18 @@ def load_training_data(cfg: TrainConfig, model_options: dict) -> DatasetSplits:
         check_options("dataset", cfg.dataset, DATASETS[cfg.dataset], prepared, implicit=("seed",),
                       why=f"model {cfg.model!r} needs its inputs prepared with them")
     split = cfg.seed if cfg.split_seed is None else cfg.split_seed
-    return load_dataset(cfg.dataset, seed=split, **prepared, **_given(data_dir=cfg.data_dir,
-                                                                       max_length=cfg.max_length))
+    options = {**prepared, **_given(data_dir=cfg.data_dir, max_length=cfg.max_length)}
+    key = repr((cfg.dataset, split, sorted(options.items())))
+    if key not in _LOADED:   # the next trial of a reused Ray worker skips reading and tokenising again
+        while len(_LOADED) >= LOADED_KEPT:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = load_dataset(cfg.dataset, seed=split, **options)
+    return _LOADED[key]
+
+
+#: Datasets a process keeps loaded (oldest dropped first); splits are read-only during training.
+LOADED_KEPT = 2
+_LOADED: dict[str, DatasetSplits] = {}
 
 
 class Trainer:

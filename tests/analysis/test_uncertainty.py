@@ -17,13 +17,14 @@ from dptune.analysis import figures
 from dptune.platform.store import ResultsStore
 
 
-def trials(accuracies: dict, epsilon: float = 1.0) -> list[dict]:
+def trials(accuracies: dict, epsilon: float = 1.0, epochs: int = 2) -> list[dict]:
     """Rows of one cell: {(C, B, η): [accuracy per seed]}."""
     rows = []
     for (c, b, lr), values in accuracies.items():
         for seed, acc in enumerate(values):
-            rows.append({"trial_id": f"e{epsilon}-{c}-{b}-{lr}-{seed}", "status": "finished", "backbone": "mlp",
-                         "dataset": "digits", "epsilon": epsilon, "epochs": 2, "clip_bound": c, "batch_size": b,
+            rows.append({"trial_id": f"e{epsilon}-E{epochs}-{c}-{b}-{lr}-{seed}", "status": "finished",
+                         "backbone": "mlp", "dataset": "digits", "epsilon": epsilon, "epochs": epochs,
+                         "clip_bound": c, "batch_size": b,
                          "learning_rate": lr, "seed": seed, "private": True, "accuracy": acc})
     return rows
 
@@ -95,7 +96,9 @@ def test_interval_of_the_best_and_between_cell_statements():
     assert compare_optima(intervals, names[8.0], names[1.0]) == "smaller"
     assert compare_optima(intervals, names[1.0], names[4.0]) == "not distinguishable"
     heatmap, optima, comparisons = with_error_bars(sweep, sweep.heatmap_table(), sweep.optima())
-    assert len(comparisons) == 2 and all("optimal C at" in c for c in comparisons)
+    assert len(comparisons) == 4   # two neighbouring pairs along ε, each for C and for B
+    assert sum("optimal C at" in c for c in comparisons) == 2
+    assert all("not distinguishable" in c for c in comparisons if "optimal B at" in c)   # one B everywhere
     assert heatmap[heatmap.cell_name == names[4.0]].indistinguishable.sum() == 3   # the flat cell: all tied
     lines = optimum_lines(optima, comparisons)
     assert any("95% interval" in line and "not distinguishable from it" in line for line in lines)
@@ -143,3 +146,18 @@ def test_the_cost_of_a_fixed_setting_comes_with_its_paired_test(tmp_path):
             flat.write_trial({**row, "experiment": "x", "cell": f"digits/mlp/eps{eps}", "model": "mlp"})
     lines = [c for c in analyse(flat, noise=False, gradnorms=False).comparisons if c.startswith("fixed setting")]
     assert len(lines) == 1 and "not distinguishable from the optimum in any cell" in lines[0]
+
+
+def test_the_optimal_batch_size_is_compared_along_every_axis_that_varies():
+    """One ε, two epoch budgets whose optimal B differ (32 against 512, planted): the statements along
+    epochs say the optimal B at 1 epoch is smaller, and the optimal C (one value) is not distinguishable."""
+    rng = np.random.default_rng(7)
+    short = {(1.0, b, 1.0): 0.70 - (0.15 if b != 32 else 0) for b in (32, 128, 512)}
+    long = {(1.0, b, 1.0): 0.90 - (0.15 if b != 512 else 0) for b in (32, 128, 512)}
+    sweep = Sweep.from_frame(pd.DataFrame(trials(planted(short, 3, rng), 1.0, epochs=1)
+                                          + trials(planted(long, 3, rng), 1.0, epochs=16)))
+    _, _, comparisons = with_error_bars(sweep, sweep.heatmap_table(), sweep.optima(), across="epsilon")
+    (b_line,) = [c for c in comparisons if "optimal B at" in c]
+    assert "1 epoch" in b_line.split(" against ")[0] and b_line.endswith("smaller (indistinguishable sets, α = 0.05)")
+    (c_line,) = [c for c in comparisons if "optimal C at" in c]
+    assert "not distinguishable" in c_line
