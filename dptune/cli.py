@@ -490,11 +490,12 @@ def _report_outcome(outcome, out: TextIO) -> int:
 
     paths = outcome.paths
     print(f"\n{outcome.finished} trials finished, {outcome.errored} errored; results store: {paths.store}\n"
-          f"best configuration per cell (diagnostic; selecting on test accuracy is not private):\n"
-          f"{summary_table(paths.store)}", file=out)
-    if outcome.finished:
-        write_heatmaps(ResultsStore(paths.store), paths.figures)
+          f"best configuration per cell (diagnostic; selecting on test accuracy is not private):", file=out)
+    if outcome.finished:   # each cell's optimum with its error bar, then what differs between cells
+        write_heatmaps(ResultsStore(paths.store), paths.figures, out=out)
         print(f"heatmaps: {paths.figures}  (full report: dptune report --store {paths.root})", file=out)
+    else:
+        print(summary_table(paths.store), file=out)
     return EXIT_OK if outcome.errored == 0 and outcome.unrun == 0 else EXIT_FAILURE
 
 

@@ -182,7 +182,8 @@ def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = ()) -> list
         if pd.notna(r.get("accuracy_low")):
             line += (f", {1 - ALPHA:.0%} interval [{r['accuracy_low']:.4f}, {r['accuracy_high']:.4f}]; "
                      f"{int(r['indistinguishable'])} setting(s) not distinguishable from it, C in "
-                     f"[{fmt(r['clip_bound_min'])}, {fmt(r['clip_bound_max'])}]")
+                     f"[{fmt(r['clip_bound_min'])}, {fmt(r['clip_bound_max'])}], B in "
+                     f"[{fmt(r['batch_size_min'])}, {fmt(r['batch_size_max'])}]")
         lines.append(line)
     return lines + list(comparisons)
 

@@ -120,7 +120,13 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
     heatmap["indistinguishable"] = heatmap["indistinguishable"].fillna(False).astype(bool)
     intervals = optimum_intervals(sets, table)
     axes = [across] + [a for a in sweep.cell_columns if a != across and sweep.trials[a].nunique() > 1]
-    statements = [line for axis in axes for line in between_cells(sweep, intervals, axis)]
+    statements, ties = [], 0
+    for axis in axes:
+        lines, tied = between_cells(sweep, intervals, axis)
+        statements, ties = statements + lines, ties + tied
+    if ties:
+        statements.append(f"{'other ' if statements else ''}neighbouring cells (along {', '.join(axes)}): "
+                          f"optimal C or B not distinguishable in {ties} comparison(s) (α = {ALPHA:g})")
     return heatmap, optima.merge(intervals, on="cell_name", how="left"), statements
 
 
@@ -128,20 +134,26 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
 COMPARED = {"clip_bound": "C", "batch_size": "B"}
 
 
-def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> list[str]:
-    """For each facet, each pair of neighbouring cells along ``across``: whether the optimal C and the
-    optimal B are larger, smaller or not distinguishable (:func:`compare_optima`)."""
-    lines = []
+def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> tuple[list[str], int]:
+    """For each facet, each pair of neighbouring cells along ``across``: a line for each of the optimal
+    C and B that is larger or smaller (:func:`compare_optima`), named by the facet and the two values of
+    ``across``; and how many comparisons were not distinguishable."""
+    from .results import _cell_name
+
+    lines, ties = [], 0
     known = set(intervals["cell_name"])
     for facet, cells in sweep.facets(across):
-        names = [n for n in cells.sort_values(across)["cell_name"] if n in known]
-        for a, b in zip(names, names[1:]):
+        cells = cells[cells["cell_name"].isin(known)].sort_values(across)
+        for (_, a), (_, b) in zip(cells.iterrows(), list(cells.iterrows())[1:]):
             for axis, symbol in COMPARED.items():
-                verdict = compare_optima(intervals, a, b, axis)
-                if verdict != "unknown":
-                    lines.append(f"{facet}: optimal {symbol} at {a} against {b}: {verdict} "
-                                 f"(indistinguishable sets, α = {ALPHA:g})")
-    return lines
+                verdict = compare_optima(intervals, a["cell_name"], b["cell_name"], axis)
+                if verdict == "not distinguishable":
+                    ties += 1
+                elif verdict != "unknown":
+                    lines.append(f"{facet}: optimal {symbol} at {_cell_name({across: a[across]})} is {verdict} than "
+                                 f"at {_cell_name({across: b[across]})} (indistinguishable sets disjoint, "
+                                 f"α = {ALPHA:g})")
+    return lines, ties
 
 
 def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tuple[float, float]) -> list[str]:

@@ -44,6 +44,9 @@ FEATURE_BATCH = 64
 FEATURES_VERSION = "features-1"
 #: Examples the first-batch check compares (model logits against head-on-features logits).
 CHECK_EXAMPLES = 4
+#: Feature sets a process keeps in memory (oldest dropped first): a sweep's trials interleave their
+#: seeds, each with its own split, hence its own features.
+MEMORY_KEPT = 8
 
 _memory: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -245,7 +248,8 @@ def cached_features(cut: FeatureCut, model: nn.Module, splits: dict[str, Dataset
             if features is None or set(features) != set(splits):
                 features, source = compute(), "computed"
                 _store(path, features)
-    _memory.clear()   # one entry per process: a worker serves one backbone and dataset at a time
+    while len(_memory) >= MEMORY_KEPT:
+        _memory.pop(next(iter(_memory)))
     _memory[key] = features
     return features, source
 

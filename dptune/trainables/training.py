@@ -154,8 +154,9 @@ def load_training_data(cfg: TrainConfig, model_options: dict) -> DatasetSplits:
     return _LOADED[key]
 
 
-#: Datasets a process keeps loaded (oldest dropped first); splits are read-only during training.
-LOADED_KEPT = 2
+#: Datasets a process keeps loaded (oldest dropped first): a sweep's trials interleave their seeds,
+#: and each seed is its own split. Splits are read-only during training.
+LOADED_KEPT = 8
 _LOADED: dict[str, DatasetSplits] = {}
 
 
