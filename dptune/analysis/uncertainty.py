@@ -36,9 +36,14 @@ SINGLE_SEED = ("one seed per setting: no error bars — the optimum cannot be to
                "(run several seeds, e.g. `seeds: [0, 1, 2]`)")
 
 
+#: Statuses whose accuracy is a full run's: trained to the end, or clip-equivalent to one that was
+#: (bit-identical results, stored with that run's accuracy). Stopped trials ran fewer epochs.
+COMPLETE = ("finished", "equivalent")
+
+
 def per_seed(trials: pd.DataFrame) -> pd.DataFrame:
-    """Finished private trials as one row per (cell, setting) and one column per seed: accuracy."""
-    done = trials[trials["private"] & trials["accuracy"].notna() & (trials["status"] == "finished")]
+    """Complete private trials as one row per (cell, setting) and one column per seed: accuracy."""
+    done = trials[trials["private"] & trials["accuracy"].notna() & trials["status"].isin(COMPLETE)]
     if done.empty:
         return pd.DataFrame()
     done = done.assign(seed=done["seed"].fillna(0) if "seed" in done else 0)   # no seed recorded: one seed
@@ -167,11 +172,16 @@ def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tupl
     at = heatmap[np.isclose(heatmap["clip_bound"], c) & np.isclose(heatmap["batch_size"], b)]
     at = at.set_index("cell_name")
     name = f"fixed setting C={c:g}, B={b:g} (η tuned per cell)"
-    lines = []
+    lines, tested = [], 0
     for _, row in cost.dropna(subset=["fixed_accuracy"]).iterrows():
-        if row["cell_name"] not in at.index or bool(at.loc[row["cell_name"], "indistinguishable"]):
+        if row["cell_name"] not in at.index or pd.isna(at.loc[row["cell_name"], "p_value"]):
+            continue   # no test: fewer than two seeds shared with the optimum
+        tested += 1
+        if bool(at.loc[row["cell_name"], "indistinguishable"]):
             continue
         lines.append(f"{name}: costs {100 * row['cost']:.1f} accuracy points at {row['cell_name']} "
                      f"(paired one-sided t-test over seeds against the optimum: p = "
                      f"{at.loc[row['cell_name'], 'p_value']:.3g} < α = {ALPHA:g})")
-    return lines or [f"{name}: not distinguishable from the optimum in any cell where it ran (α = {ALPHA:g})"]
+    if lines or not tested:
+        return lines
+    return [f"{name}: not distinguishable from the optimum in any cell where it ran (α = {ALPHA:g})"]

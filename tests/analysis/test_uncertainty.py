@@ -163,3 +163,18 @@ def test_the_optimal_batch_size_is_compared_along_every_axis_that_varies():
         "α = 0.05)",
         "other neighbouring cells (along epsilon, epochs): optimal C or B not distinguishable in 1 comparison(s) "
         "(α = 0.05)"]   # the one C
+
+
+def test_clip_equivalent_trials_count_as_the_run_they_equal():
+    """A smaller C stored as `equivalent` (bit-identical to the larger C's run, with its accuracy) is tied
+    with it, not dropped: the optimum (ties go to the smaller C) then lies in its own indistinguishable set."""
+    rng = np.random.default_rng(3)
+    rows = trials(planted({(1.0, 64, 1.0): 0.80, (10.0, 64, 1.0): 0.60}, 3, rng))
+    rows += [{**r, "trial_id": r["trial_id"] + "-eq", "clip_bound": 0.1, "status": "equivalent"}
+             for r in rows if r["clip_bound"] == 1.0]
+    sweep = Sweep.from_frame(pd.DataFrame(rows))
+    sets = indistinguishable(per_seed(sweep.trials)).set_index("clip_bound")
+    assert bool(sets.loc[0.1, "indistinguishable"]) and bool(sets.loc[1.0, "indistinguishable"])
+    assert not bool(sets.loc[10.0, "indistinguishable"])
+    _, optima, _ = with_error_bars(sweep, sweep.heatmap_table(), sweep.optima())
+    assert (optima["clip_bound"].iloc[0], optima["clip_bound_min"].iloc[0], optima["clip_bound_max"].iloc[0]) == (0.1, 0.1, 1.0)
