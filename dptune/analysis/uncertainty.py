@@ -148,8 +148,8 @@ def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> tuple
     lines, ties = [], 0
     known = set(intervals["cell_name"])
     for facet, cells in sweep.facets(across):
-        cells = cells[cells["cell_name"].isin(known)].sort_values(across)
-        for (_, a), (_, b) in zip(cells.iterrows(), list(cells.iterrows())[1:]):
+        rows = [row for _, row in cells[cells["cell_name"].isin(known)].sort_values(across).iterrows()]
+        for a, b in zip(rows, rows[1:]):
             for axis, symbol in COMPARED.items():
                 verdict = compare_optima(intervals, a["cell_name"], b["cell_name"], axis)
                 if verdict == "not distinguishable":
