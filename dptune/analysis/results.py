@@ -66,8 +66,9 @@ class Sweep:
     @classmethod
     def from_frame(cls, trials: pd.DataFrame) -> "Sweep":
         """Normalise a ``trials`` frame: ε = ∞ for non-private rows, defaults for NULL options,
-        and a ``cell_name`` column naming each trial's cell."""
-        t = trials.copy()
+        and a ``cell_name`` column naming each trial's cell. Proxy runs (``search.proxy``) are left out:
+        they only rank, at their own B, σ and epochs, and would read as cells of their own."""
+        t = (trials[trials["proxy_divisor"].isna()] if "proxy_divisor" in trials else trials).copy()
         for column in CELL_AXES + OPTION_COLUMNS + HYPERPARAMETERS + ("accuracy", "status", "private"):
             if column not in t:
                 t[column] = None
