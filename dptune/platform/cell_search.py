@@ -179,7 +179,8 @@ class WarmStart:
 class Transfer:
     """``inner``'s search (a grid: :class:`Ordered` or :class:`ClipChains`) restricted to the
     configurations within ``radius`` grid steps, in C, B and η, of the best configuration of
-    ``source`` — the previous cell of its ε chain, waited for until it is done — mapped into this
+    ``source`` — the previous cell of its ε chain, waited for until its search results are all in (a
+    proxy search's full-scale answer run need not end: it does not change the best) — mapped into this
     cell: the nearest C and searched B (in log), and the nearest η multiplier, first scaled by
     ε_this/ε_source under ``lr_scaling == "linear"`` (Panda et al., "A new linear scaling rule for
     private adaptive hyperparameter optimization": the optimal η·T is roughly linear in ε). With no
@@ -193,7 +194,7 @@ class Transfer:
 
     def ask(self, search: "CellSearch") -> object | None:
         if not self.started:
-            if not self.source.done or self.source.running:   # every result of the source in
+            if not self.source.results_in:   # every search result of the source in (not its answer run)
                 return WAIT
             self.started = True
             best = self.source.best()
@@ -241,7 +242,7 @@ class CellSearch:
         self.proposals = 0                                   # proposal ids used
         #: proxy runs (search.proxy): the full-scale run of the best configuration, once the proxies
         #: are in: None (not handed out), "running" or "done"
-        self.proxied = cell.proxy_divisor > 1
+        self.proxied = cell.proxied
         self.final: str | None = None
 
     @property
@@ -252,6 +253,12 @@ class CellSearch:
     @property
     def done(self) -> bool:
         return self.searched and (not self.proxied or self.final == "done")
+
+    @property
+    def results_in(self) -> bool:
+        """Every search result is in: all configurations handed out and none running (a proxy
+        search's full-scale answer run may still run: it is not a search result)."""
+        return self.searched and all(pid.endswith("#final") for pid in self.running)
 
     def running_keys(self) -> set:
         return {r.key for r in self.running.values()}
@@ -276,11 +283,12 @@ class CellSearch:
 
     def propose_final(self) -> tuple[str, list[dict]] | str | None:
         """A proxy search's answer: once every proxy run is in, the best configuration trained at
-        full scale, once per seed (WAIT while proxies run; None when no proxy gave a result)."""
+        full scale, once per seed (WAIT while proxies run; None when no proxy gave a result, or when the
+        best ran at full scale already: a B that ``batch_divisor: auto`` left at k = 1)."""
         if self.final is not None or self.running:
             return WAIT if self.final != "done" else None
         best = self.best()
-        if best is None:
+        if best is None or self.cell.proxy_divisor(self.cell.values(best[0])[1]) == 1:
             self.final = "done"
             return None
         self.final = "running"
