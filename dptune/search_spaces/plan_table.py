@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .planner import CellPlan, SweepPlan
+from .proxy import MAX_AUTO_DIVISOR, MIN_AUTO_PROXY_BATCH, MIN_PROXY_SIGMA
 
 
 def _count(value: float) -> str:
@@ -49,16 +50,24 @@ def format_cell(plan: CellPlan, index: int, total: int) -> str:
     approx, upto = ("≈", "≤ ") if search.algorithm == "optuna" else ("", "")  # TPE may converge early
     if plan.private:
         lines += _selection_lines(plan)
-    if plan.proxy_divisor > 1:
-        proxies = ", ".join(f"B={b} → {p.batch_size} (σ {p.noise_multiplier:.3g})"
+    if plan.proxied:
+        proxies = ", ".join(f"B={b} → {p.batch_size} (σ {p.noise_multiplier:.3g})" if p.batch_size < b else
+                            f"B={b} at full scale (no k keeps σ/k ≥ {MIN_PROXY_SIGMA:g} and B/k ≥ {MIN_AUTO_PROXY_BATCH})"
                             for b in plan.searched_batch_sizes for p in [plan.proxy(b)])
         final_steps, final_examples = plan.final_cost()
         lines.append(f"  proxy runs: {proxies}; then the best at full scale: ≤ {_count(final_examples)} examples")
         steps, examples = steps + final_steps, examples + final_examples
     lines.append(f"  → {upto}{plan.num_trials} trials ({shape} × {seeds} seed{'s' if seeds > 1 else ''}"
-                 + (" + the full-scale answer" if plan.proxy_divisor > 1 else "")
+                 + (" + the full-scale answer" if plan.proxied else "")
                  + f"); {approx}{_count(steps)} steps, {approx}{_count(examples)} examples")
     return "\n".join(lines)
+
+
+def _divisor_text(divisor: int | str) -> str:
+    if divisor == "auto":
+        return (f"B/k and σ/k, k per B the largest power of two ≤ {MAX_AUTO_DIVISOR} that keeps σ/k ≥ "
+                f"{MIN_PROXY_SIGMA:g} and B/k ≥ {MIN_AUTO_PROXY_BATCH} (none: that B at full scale)")
+    return f"B/{divisor} and σ/{divisor}"
 
 
 def _selection_lines(plan: CellPlan) -> list[str]:
@@ -109,9 +118,9 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
                                                        for k, vs in space.trial.searched)]
              if space.trial.searched else []),
            *([f"proxy runs (Sander et al., TAN without a burn): each private cell's configurations ranked at "
-              f"B/{space.search.proxy_divisor} and σ/{space.search.proxy_divisor} for the cell's T, then its choice "
+              f"{_divisor_text(space.search.proxy_divisor)} for the cell's T, then its choice "
               "trained once at full scale (the answer); a proxy's ε is its own, not the cell's: proxy rows only "
-              "rank"] if space.search.proxy_divisor > 1 else []),
+              "rank"] if space.search.proxy_divisor != 1 else []),
            *([f"selection: private (Papernot & Steinke): each cell's ε, δ is the budget of the released model; "
               f"validation fraction {space.selection.validation_fraction:g}; the σ√T and minimum-step rules are "
               "data-independent and cost no privacy"] if space.selection.private else []), ""]

@@ -29,7 +29,7 @@ import pandas as pd
 from ..errors import UserError, NotFound
 from .batches import COLUMNS, Row, batch_rows, candidate_rows, rows_frame, spread
 from .noise_table import NoiseRequest, calibrate_many
-from .proxy import MIN_PROXY_SIGMA, ProxyRun, proxy_run
+from .proxy import MIN_PROXY_SIGMA, ProxyRun, auto_divisor, proxy_run
 from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
 from .spec import Catalog, Spec
 
@@ -174,7 +174,7 @@ class CellPlan:
         runs, the full-scale answer run once per seed too."""
         if self.private:
             return self.num_configurations
-        final = 1 if self.proxy_divisor > 1 and self.grid else 0
+        final = 1 if self.proxied and self.grid else 0
         return (self.num_configurations + final) * len(self.space.seeds)
 
     def values(self, indices: tuple[int, int, int]) -> tuple[float, int, float]:
@@ -218,34 +218,48 @@ class CellPlan:
                 "backbone_label": c.backbone.label, "dataset_label": c.dataset.label}
         return {**train, **plan}
 
-    @property
-    def proxy_divisor(self) -> int:
-        """k of this cell's proxy runs; 1 (none) for a non-private cell, whose runs have no DP noise
-        for the proxy to keep."""
-        return self.space.search.proxy_divisor if self.cell.private else 1
+    def proxy_divisor(self, batch_size: int) -> int:
+        """k of the proxy runs standing for B = ``batch_size``: the spec's, or under ``batch_divisor:
+        auto`` the largest that keeps σ/k at or above the limit (:func:`~.proxy.auto_divisor`); 1 (none)
+        in a non-private cell, whose runs have no DP noise for the proxy to keep."""
+        k = self.space.search.proxy_divisor
+        if not self.cell.private:
+            return 1
+        if k == "auto":
+            return auto_divisor(batch_size, float(self.row(batch_size)["noise_multiplier"]))
+        return k
+
+    @cached_property
+    def proxied(self) -> bool:
+        """This cell's search runs proxies (at least one searched B at B/k, k > 1)."""
+        return any(self.proxy_divisor(b) > 1 for b in self.searched_batch_sizes)
 
     def proxy(self, batch_size: int) -> ProxyRun:
         """The proxy run standing for the full-scale runs at ``batch_size``."""
         row = self.row(batch_size)
         return proxy_run(batch_size, float(row["noise_multiplier"]), int(row["steps"]), self.dataset_size,
-                         self.proxy_divisor)
+                         self.proxy_divisor(batch_size))
 
     def proxy_config(self, clip_bound: float, batch_size: int, lr_multiplier: float, seed: int) -> dict:
         """The trial config of a proxy run of (C, B, η): (B/k, σ/k, T), the same C and η; labelled
-        with k and the B it stands for (its ε is its own, far above the cell's: it only ranks)."""
+        with k and the B it stands for (its ε is its own, far above the cell's: it only ranks). A B
+        whose k is 1 (``auto`` found none) runs at full scale: an ordinary trial of the cell."""
         full = self.trial_config(clip_bound, batch_size, lr_multiplier, seed)
+        k = self.proxy_divisor(batch_size)
+        if k == 1:
+            return full
         run = self.proxy(batch_size)
         return {**full, "batch_size": run.batch_size, "epochs": run.epochs, "noise_multiplier": run.noise_multiplier,
                 "sample_rate": run.sample_rate, "steps": run.steps,
                 "noise_sqrt_steps": run.noise_multiplier * math.sqrt(run.steps),
-                "proxy_divisor": self.proxy_divisor, "full_batch_size": int(batch_size)}
+                "proxy_divisor": k, "full_batch_size": int(batch_size)}
 
     def proxy_problems(self) -> list[str]:
         """Why this cell's proxy runs would not rank as full-scale runs do: a σ/k below
-        :data:`~.proxy.MIN_PROXY_SIGMA`, or a B smaller than k."""
-        if self.proxy_divisor == 1:
+        :data:`~.proxy.MIN_PROXY_SIGMA`, or a B smaller than k (``auto`` never chooses either)."""
+        k = self.space.search.proxy_divisor
+        if k == "auto" or not self.proxied:
             return []
-        k = self.proxy_divisor
         problems = []
         for b in self.searched_batch_sizes:
             if b < k:
@@ -295,7 +309,7 @@ class CellPlan:
         steps_of = {row["batch_size"]: row["steps"] for row in self.rows}
         steps = np.array([steps_of[b] for _, b, _ in configs], dtype=float)
         batches = np.array([b for _, b, _ in configs], dtype=float)
-        if self.proxy_divisor > 1:   # proxies at B/k; the final full-scale run counted by final_cost
+        if self.proxied:   # proxies at B/k; the final full-scale run counted by final_cost
             batches = np.array([self.proxy(int(b)).batch_size for b in batches], dtype=float)
         examples = steps * batches
         scale = len(self.space.seeds) * (self.num_configurations / len(configs))
@@ -304,7 +318,7 @@ class CellPlan:
     def final_cost(self) -> tuple[float, float]:
         """(optimizer steps, examples) of a proxy search's full-scale answer run, once per seed: at
         most those of the searched B with the most examples (which one is chosen is not known yet)."""
-        if self.proxy_divisor == 1 or not self.searched_batch_sizes:
+        if not self.proxied:
             return 0.0, 0.0
         seeds = len(self.space.seeds)
         row = max((self.row(b) for b in self.searched_batch_sizes), key=lambda r: r["steps"] * r["batch_size"])

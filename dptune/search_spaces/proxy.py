@@ -24,6 +24,10 @@ from ..privacy.schedule import num_steps, sample_rate
 #: choice within 0.4 points at full scale); below it the ranking came apart at ε = 8, B = 512
 #: (ρ = 0.85 at σ' = 0.32, 0.49 at 0.16, 0.01 at 0.08) and at σ' = 0.065 the choice lost 2.1 points.
 MIN_PROXY_SIGMA = 0.5
+#: ``batch_divisor: auto`` tries k = 2, 4, …, up to this, keeping B/k at or above MIN_AUTO_PROXY_BATCH:
+#: the largest k and the smallest proxy batch measured in BENCHMARKS.md ("Proxy runs").
+MAX_AUTO_DIVISOR = 16
+MIN_AUTO_PROXY_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -46,3 +50,17 @@ def proxy_run(batch_size: int, noise_multiplier: float, steps: int, dataset_size
     epochs = (steps - 0.5) * small / dataset_size
     assert num_steps(epochs, dataset_size, small) == steps
     return ProxyRun(small, noise_multiplier * small / batch_size, steps, epochs, sample_rate(small, dataset_size))
+
+
+def auto_divisor(batch_size: int, noise_multiplier: float) -> int:
+    """``batch_divisor: auto``: the largest k = 2^j ≤ :data:`MAX_AUTO_DIVISOR` whose proxy keeps
+    σ' = σ·round(B/k)/B ≥ :data:`MIN_PROXY_SIGMA` and B' = round(B/k) ≥ :data:`MIN_AUTO_PROXY_BATCH`
+    (the region measured); 1 when even k = 2 would leave it (then that B runs at full scale). A large σ
+    (small ε, large B) buys a large k."""
+    k = 1
+    while 2 * k <= MAX_AUTO_DIVISOR:
+        small = round(batch_size / (2 * k))
+        if small < MIN_AUTO_PROXY_BATCH or noise_multiplier * small / batch_size < MIN_PROXY_SIGMA:
+            break
+        k *= 2
+    return k

@@ -151,8 +151,9 @@ class Search:
     warm_start: bool = False             # optuna: first try a finished neighbour cell's optimum
     scheduler: Scheduler = field(default_factory=Scheduler)   # early stopping within a cell
     #: proxy runs (``proxy: {batch_divisor: k}``, :mod:`.proxy`): a private cell's configurations are
-    #: ranked at (B/k, σ/k, T) and its chosen one trained once at full scale; 1: no proxies
-    proxy_divisor: int = 1
+    #: ranked at (B/k, σ/k, T) and its chosen one trained once at full scale; 1: no proxies; ``"auto"``:
+    #: k per B, the largest that keeps σ/k at or above the measured limit
+    proxy_divisor: int | str = 1
     #: transfer across cells (``transfer: {radius: r, lr_scaling: linear}``, grid only): cells that
     #: differ only in ε are searched from the largest ε down, each only within r grid steps of the
     #: previous cell's best (η moved by ε_new/ε_old first with ``lr_scaling: linear``); None: off
@@ -465,13 +466,17 @@ def parse_transfer(value: Any) -> tuple[int | None, str]:
             choice(raw.get("lr_scaling", "none"), "search.transfer.lr_scaling", TRANSFER_LR_SCALINGS))
 
 
-def parse_proxy(value: Any) -> int:
-    """``search.proxy: {batch_divisor: k}``: the divisor k of the proxy runs (1 when absent)."""
+def parse_proxy(value: Any) -> int | str:
+    """``search.proxy: {batch_divisor: k | auto}``: the divisor k of the proxy runs (1 when absent), or
+    ``"auto"``: per B the largest power of two that keeps σ/k at or above the limit."""
     if value is None:
         return 1
     raw = mapping(value, "search.proxy", ("batch_divisor",))
     if "batch_divisor" not in raw:
-        raise SpecError("search.proxy.batch_divisor: required (trials run at B/k and σ/k; k = 1 runs no proxies)")
+        raise SpecError("search.proxy.batch_divisor: required (trials run at B/k and σ/k; k = 1 runs no proxies; "
+                        "auto: k per B, the largest that keeps σ/k ≥ 0.5)")
+    if raw["batch_divisor"] == "auto":
+        return "auto"
     return integer(raw["batch_divisor"], "search.proxy.batch_divisor", ge=1)
 
 
@@ -588,7 +593,7 @@ def check_scheduler(spec: Spec, catalog: Catalog) -> None:
 def check_proxy(spec: Spec, catalog: Catalog) -> None:
     """Proxy runs spend far more than the cell's ε (σ/k): private selection, which releases a
     trial of the search itself, cannot use them."""
-    if spec["search"].proxy_divisor > 1 and getattr(spec["selection"], "private", False):
+    if spec["search"].proxy_divisor != 1 and getattr(spec["selection"], "private", False):
         raise SpecError("search.proxy: proxy runs are not private at the cell's ε, and selection.mode private "
                         "releases a searched trial; remove search.proxy or use selection.mode nonprivate")
 

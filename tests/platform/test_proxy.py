@@ -48,7 +48,7 @@ def best_objective(train: dict) -> float:
     return 1.0 - abs(math.log10(train["clip_bound"])) - 0.1 * abs(train["lr_multiplier"] - 0.5) - 0.01 * (b == 40)
 
 
-def drive(searcher: Searcher) -> list[dict]:
+def drive(searcher: Searcher, objective=best_objective) -> list[dict]:
     out = []
     for i in range(1000):
         config = searcher.suggest(f"t{i}")
@@ -56,7 +56,7 @@ def drive(searcher: Searcher) -> list[dict]:
             return out
         assert config is not None, "nothing runs, yet the searcher waits"
         out.append(config)
-        searcher.on_trial_complete(f"t{i}", {"test_accuracy": best_objective(config)})
+        searcher.on_trial_complete(f"t{i}", {"test_accuracy": objective(config)})
     raise AssertionError("the searcher never finished")
 
 
@@ -156,3 +156,65 @@ def test_a_proxy_sweep_stores_labelled_proxies_and_the_full_scale_answer(local_r
     assert final.epsilon_spent <= 2.0
     summary = summary_table(str(settings.paths.store)).splitlines()   # the answer, not a proxy, is the cell's result
     assert len(summary) == 2 and f" {int(final.batch_size)} " in summary[1]
+    from dptune.analysis.results import Sweep
+
+    # the analysis has one cell: proxies (their own B and epochs) are not cells of their own
+    assert Sweep.from_frame(rows).cells()["cell_name"].tolist() == ["digits · mlp[hidden=32] · ε=2 · 2 epochs"]
+
+
+def test_auto_divisor_is_per_batch_size_the_largest_power_of_two_in_the_measured_region():
+    """``batch_divisor: auto``: per B the k in {1, 2, 4, 8, 16} found by brute force here (σ·round(B/k)/B
+    ≥ MIN_PROXY_SIGMA and round(B/k) ≥ 16); a B left at k = 1 runs at full scale as an ordinary trial,
+    and when the best configuration is such a B no full-scale answer run repeats it."""
+    from dptune.search_spaces.proxy import MIN_AUTO_PROXY_BATCH
+
+    n = 4000
+    catalog = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: n, check_trial_option=check_option)
+    plan = plan_sweep(load_spec(spec(divisor="auto", axes={"epsilon": [1, 4], "delta": 1e-5, "backbone": ["mlp"],
+                                                           "dataset": ["toy"], "epochs": [8]},
+                                     batch_size=[64, 1024], clip_bound=[1]), catalog), catalog, workers=1)
+    expected = {}
+    for cell in plan.cells:
+        for b in (64, 1024):
+            sigma = float(cell.row(b)["noise_multiplier"])
+            expected[cell.cell.epsilon, b] = max(k for k in (1, 2, 4, 8, 16)
+                                                 if k == 1 or (round(b / k) >= MIN_AUTO_PROXY_BATCH
+                                                               and sigma * round(b / k) / b >= MIN_PROXY_SIGMA))
+    assert expected[1.0, 1024] >= 4 and expected[4.0, 64] == 1   # both kinds occur in this plan
+    trials = drive(SweepSearcher(plan, metric="test_accuracy", clip_equivalence=False),
+                   lambda t: -t.get("full_batch_size", t["batch_size"]))   # the smaller B is better
+    for t in trials:
+        b = t.get("full_batch_size", t["batch_size"])
+        k = expected[t["epsilon"], b]
+        if t.get("final"):
+            assert k > 1 and t["batch_size"] == b and "proxy_divisor" not in t
+        elif k == 1:
+            assert "proxy_divisor" not in t and t["batch_size"] == b   # full scale: an ordinary trial
+        else:
+            assert (t["proxy_divisor"], t["batch_size"]) == (k, round(b / k))
+            cell = next(c for c in plan.cells if c.cell.epsilon == t["epsilon"])
+            assert t["noise_multiplier"] == pytest.approx(float(cell.row(b)["noise_multiplier"]) * round(b / k) / b)
+    finals = {t["epsilon"] for t in trials if t.get("final")}
+    # the objective prefers B = 64: at ε = 4 it ran at full scale already (no answer run); at ε = 1 it was a proxy
+    assert finals == {e for e in (1.0, 4.0) if expected[e, 64] > 1}
+    assert "B=64 at full scale" in format_plan(plan)
+
+
+def test_transfer_starts_while_its_source_trains_its_answer(catalog):
+    """With proxies, the next ε cell needs its source's search results, not its full-scale answer
+    run: with ε = 1's answer run handed out and never ending, ε = 0.25 is still searched."""
+    plan = plan_sweep(load_spec(spec(search={"algorithm": "grid", "proxy": {"batch_divisor": 2}, "transfer": True}),
+                                catalog), catalog, workers=1)
+    searcher = SweepSearcher(plan, metric="test_accuracy", clip_equivalence=False)
+    handed = []
+    for i in range(100):
+        config = searcher.suggest(f"t{i}")
+        if config is None or config == Searcher.FINISHED:
+            break
+        handed.append(config)
+        if not (config.get("final") and config["epsilon"] == 1.0):   # ε = 1's answer keeps running
+            searcher.on_trial_complete(f"t{i}", {"test_accuracy": best_objective(config)})
+    first_small = next(i for i, t in enumerate(handed) if t["epsilon"] == 0.25)
+    assert all(t["epsilon"] == 1.0 and not t.get("final") for t in handed[:first_small])   # its source's search first
+    assert sum(1 for t in handed if t["epsilon"] == 0.25 and not t.get("final")) > 1
+    assert any(t.get("final") and t["epsilon"] == 1.0 for t in handed)
