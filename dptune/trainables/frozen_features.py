@@ -23,20 +23,17 @@ why.
 from __future__ import annotations
 
 import hashlib
-import io
-import os
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from ..privacy.cache import cache_dir
 from .batching import Inputs, model_outputs, to_device
 from .splits import DatasetSplits, labels_of, take
+from .tensor_cache import cached_tensors
 
 #: Examples per forward pass of the frozen backbone.
 FEATURE_BATCH = 64
@@ -203,24 +200,6 @@ def compute_features(cut: FeatureCut, dataset: Dataset, device: torch.device) ->
     return torch.cat(parts)
 
 
-def _load(path: Path) -> dict[str, torch.Tensor] | None:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError):   # absent, or a torn file from a crash: compute again
-        return None
-
-
-def _store(path: Path, features: dict[str, torch.Tensor]) -> None:
-    buffer = io.BytesIO()
-    torch.save(features, buffer)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(buffer.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)   # readers see the whole file or none
-
-
 def cached_features(cut: FeatureCut, model: nn.Module, splits: dict[str, Dataset],
                     device: torch.device) -> tuple[dict[str, torch.Tensor], str]:
     """Every split's features and where they came from: "memory", "disk", or "computed". One
@@ -234,20 +213,7 @@ def cached_features(cut: FeatureCut, model: nn.Module, splits: dict[str, Dataset
         return compute(), "computed"
     if key in _memory:
         return _memory[key], "memory"
-    directory = cache_dir()
-    if directory is None:
-        features, source = compute(), "computed"
-    else:
-        from filelock import FileLock
-
-        folder = directory / "features"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{key}.pt"
-        with FileLock(str(path) + ".lock"):
-            features, source = _load(path), "disk"
-            if features is None or set(features) != set(splits):
-                features, source = compute(), "computed"
-                _store(path, features)
+    features, source = cached_tensors("features", key, compute, lambda stored: set(stored) == set(splits))
     while len(_memory) >= MEMORY_KEPT:
         _memory.pop(next(iter(_memory)))
     _memory[key] = features

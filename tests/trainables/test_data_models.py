@@ -22,6 +22,33 @@ def test_embedded_sets_are_stratified_and_seeded(name, n_train, n_test, shape):
     assert abs(x.mean().item()) < 1e-3 and x.std().item() == pytest.approx(1.0, abs=1e-3)
 
 
+@pytest.mark.parametrize("cache", ["fresh", "off"])
+def test_embedded_splits_are_scikit_learns_whether_computed_or_read_from_disk(cache, tmp_path, monkeypatch):
+    """The split tensors kept on disk for the next process are those of the reference: scikit-learn's
+    stratified split of the raw data, standardised with the train mean and std, computed here; a second
+    load reads the file (no scikit-learn split: patched to fail) and gives the same tensors; with
+    DPTUNE_CACHE_DIR=off nothing is written."""
+    import sklearn.model_selection
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    monkeypatch.setenv("DPTUNE_CACHE_DIR", str(tmp_path) if cache == "fresh" else "off")
+    d = load_digits()
+    x_tr, x_te, y_tr, y_te = train_test_split(d.data / 16.0, d.target, test_size=0.2, stratify=d.target, random_state=4)
+    mean, std = x_tr.mean(), x_tr.std()
+    first = load_dataset("digits", seed=4)
+    if cache == "fresh":
+        monkeypatch.setattr(sklearn.model_selection, "train_test_split", lambda *a, **k: 1 / 0)
+    loads = [first, load_dataset("digits", seed=4)] if cache == "fresh" else [first]
+    for data in loads:
+        assert torch.allclose(data.train.tensors[0].reshape(len(x_tr), -1),
+                              torch.tensor((x_tr - mean) / std, dtype=torch.float32))
+        assert torch.allclose(data.test.tensors[0].reshape(len(x_te), -1),
+                              torch.tensor((x_te - mean) / std, dtype=torch.float32))
+        assert torch.equal(data.train.tensors[1], torch.tensor(y_tr)) and torch.equal(data.test.tensors[1], torch.tensor(y_te))
+    assert len(list(tmp_path.rglob("*.pt"))) == (1 if cache == "fresh" else 0)
+
+
 def test_mnist_is_not_left_sorted_by_label():
     y = load_dataset("mnist5k").train.tensors[1]
     assert (y[1:] != y[:-1]).float().mean() > 0.5
