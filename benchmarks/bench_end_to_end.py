@@ -127,14 +127,14 @@ def run_baseline(args: argparse.Namespace, storage: str) -> dict:
             "best": best}
 
 
-def spec_text(args: argparse.Namespace, *, scheduler: str | None, capped: bool, proxy: int,
+def spec_text(args: argparse.Namespace, *, scheduler: str | None, capped: bool, proxy: int | str,
               transfer: bool = False) -> str:
     """The cells as a dptune sweep spec (the embedded default's pruning); ``capped=False`` searches
-    every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 ranks at B/k and σ/k, then
+    every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 (or ``auto``: k per B) ranks at B/k and σ/k, then
     trains each cell's choice at full scale; ``transfer`` searches each smaller ε near the previous best."""
     search = ("search: {algorithm: grid"
               + (f", scheduler: {ASHA[scheduler]}" if scheduler else "")
-              + (f", proxy: {{batch_divisor: {proxy}}}" if proxy > 1 else "")
+              + (f", proxy: {{batch_divisor: {proxy}}}" if proxy != 1 else "")
               + (", transfer: {radius: 1}" if transfer else "") + "}")
     return f"""experiment: e2e
 axes: {{epsilon: {args.epsilons}, delta: {DELTA}, backbone: [cnn], dataset: [{args.dataset}], epochs: [{args.epochs}]}}
@@ -208,8 +208,9 @@ def main() -> None:
     parser.add_argument("--clips", type=float, nargs="+", default=[0.1, 1, 10])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     parser.add_argument("--multipliers", type=float, nargs="+", default=[0.5, 1])
-    parser.add_argument("--proxy-divisor", type=int, default=3,
-                        help="k of the proxy runs [%(default)s: the largest that keeps σ/k >= 0.5 at B = 32, ε = 1]")
+    parser.add_argument("--proxy-divisor", type=lambda v: v if v == "auto" else int(v), default=3,
+                        help="k of the proxy runs, or auto (per B the largest power of two that keeps σ/k >= 0.5 "
+                             "and B/k >= 16) [%(default)s: the largest that keeps σ/k >= 0.5 at B = 32, ε = 1]")
     parser.add_argument("--compare-with", metavar="DIR", help="also run `dptune` from this checkout (dptune@DIR)")
     parser.add_argument("--reevaluate", type=int, default=5, metavar="SEEDS",
                         help="retrain each run's chosen configuration under this many seeds [%(default)s; 0: skip]")
