@@ -32,6 +32,7 @@ import numpy as np
 
 from ..privacy.validation import check_estimator
 from .batches import MIN_STEPS, PLATEAU_TOL
+from .proxy import MIN_PROXY_SIGMA
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
                    register_section)
 
@@ -474,10 +475,13 @@ def parse_proxy(value: Any) -> int | str:
     raw = mapping(value, "search.proxy", ("batch_divisor",))
     if "batch_divisor" not in raw:
         raise SpecError("search.proxy.batch_divisor: required (trials run at B/k and σ/k; k = 1 runs no proxies; "
-                        "auto: k per B, the largest that keeps σ/k ≥ 0.5)")
-    if raw["batch_divisor"] == "auto":
+                        f"auto: k per B, the largest that keeps σ/k ≥ {MIN_PROXY_SIGMA:g})")
+    value = raw["batch_divisor"]
+    if value == "auto":
         return "auto"
-    return integer(raw["batch_divisor"], "search.proxy.batch_divisor", ge=1)
+    if isinstance(value, str):
+        raise SpecError(f"search.proxy.batch_divisor: must be a whole number >= 1 or auto; got {value!r}")
+    return integer(value, "search.proxy.batch_divisor", ge=1)
 
 
 @register_section("seeds", default=[0], summary="training seeds")
