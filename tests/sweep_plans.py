@@ -6,6 +6,17 @@ from dptune.platform.catalog import trainables_catalog
 from dptune.search_spaces import Catalog, SweepPlan, load_spec, plan_sweep
 
 
+#: Every lever named off (dptune turns unnamed ones on where they are safe: search_spaces/levers.py):
+#: tests of other parts of a sweep run exactly the trials they list; the levers' own tests name what
+#: they test, and tests/search_spaces/test_levers.py checks the defaults.
+LEVERS_OFF = {"scheduler": "none", "proxy": "off", "transfer": "off"}
+
+
+def levers_off(search: dict | None = None) -> dict:
+    """A ``search`` section with every lever it does not name turned off."""
+    return {**LEVERS_OFF, **(search or {})}
+
+
 def plan_of(spec: dict, catalog: Catalog | None = None) -> SweepPlan:
     """The plan of a spec mapping, validated and planned by the production path (σ calibrated in
     this process, cached)."""
@@ -26,4 +37,4 @@ def digits_spec(*, epsilon, batch_size, clip_bound=(1.0,), multipliers=(1.0,), e
             "learning_rate": {"reference": reference_lr, "reference_batch_size": sizes[0],
                               "multipliers": list(multipliers)},
             "pruning": {"min_steps": 1, "plateau_tol": 100.0}, "seeds": list(seeds), "trial": dict(trial or {}),
-            **sections}
+            **sections, "search": levers_off(sections.get("search"))}

@@ -225,9 +225,11 @@ class Transfer:
 @dataclass
 class _Running:
     key: object
-    remaining: int                       # seeds still running
+    remaining: int                       # seeds handed out and still running
     values: list = field(default_factory=list)
     clipped: dict = field(default_factory=dict)
+    #: the other seeds' trial configs, held back while the lead seed runs (:meth:`CellSearch.propose`)
+    deferred: list = field(default_factory=list)
 
 
 class CellSearch:
@@ -244,6 +246,8 @@ class CellSearch:
         #: are in: None (not handed out), "running" or "done"
         self.proxied = cell.proxied
         self.final: str | None = None
+        #: (proposal id, trial configs) of seeds whose lead passed every rung, to hand out next
+        self.ready: deque = deque()
 
     @property
     def searched(self) -> bool:
@@ -252,7 +256,8 @@ class CellSearch:
 
     @property
     def done(self) -> bool:
-        return self.searched and (not self.proxied or self.final == "done")
+        waiting = self.ready or any(r.deferred for r in self.running.values())   # seeds behind a running lead
+        return self.searched and not waiting and (not self.proxied or self.final == "done")
 
     @property
     def results_in(self) -> bool:
@@ -266,8 +271,12 @@ class CellSearch:
     def propose(self) -> tuple[str, list[dict]] | str | None:
         """(proposal id, its trial configs, one per seed), WAIT, or None when the cell is done (all
         handed out, or its search converged)."""
+        if self.ready:                   # the other seeds of configurations whose lead passed every rung
+            return self.ready.popleft()
         if self.done:
             return None
+        if self.searched and any(r.deferred for r in self.running.values()):
+            return WAIT                  # a lead seed runs: its configuration's other seeds may follow
         key = None if self.searched else self.strategy.ask(self)
         if key is None:                  # converged, or nothing left: the search is done
             self.handed_out = self.cell.num_configurations
@@ -278,8 +287,14 @@ class CellSearch:
         self.proposals += 1
         self.handed_out += 1
         configs = self.trial_configs(key)
-        self.running[pid] = _Running(key, len(configs))
-        return pid, configs
+        lead, rest = (configs[:1], configs[1:]) if self.lead_first(key) else (configs, [])
+        self.running[pid] = _Running(key, len(lead), deferred=[{**c, "follower": True} for c in rest])
+        return pid, lead
+
+    def lead_first(self, key: object) -> bool:
+        """Whether configuration ``key`` runs its lead seed first (:meth:`CellPlan.lead_seed_first`): the
+        scheduler decides on it alone, and its other seeds run only if it trained to the end."""
+        return not self.cell.private and len(self.seeds) > 1 and self.cell.lead_seed_first(self.cell.values(key)[1])
 
     def propose_final(self) -> tuple[str, list[dict]] | str | None:
         """A proxy search's answer: once every proxy run is in, the best configuration trained at
@@ -304,14 +319,22 @@ class CellSearch:
         configure = self.cell.proxy_config if self.proxied else self.cell.trial_config
         return [configure(*self.cell.values(key), seed) for seed in self.seeds]
 
-    def result(self, pid: str, seed: int, trial_id: str, value: Optional[float], fully_clipped: bool) -> list[dict]:
-        """One trial's result; once all seeds of its configuration are in, the strategy is told the
-        mean. Returns the trials recorded as equivalent (clip-equivalence), each
-        ``{"source": Ray trial id of the same seed, "config": its trial config}``."""
+    def result(self, pid: str, seed: int, trial_id: str, value: Optional[float], fully_clipped: bool,
+               completed: bool = True) -> list[dict]:
+        """One trial's result (``completed``: it trained to its last step; False when stopped early or
+        errored); once all seeds of its configuration are in, the strategy is told the mean. A lead
+        seed that completed releases its configuration's other seeds; one that did not ends the
+        configuration on all its seeds (they never run). Returns the trials recorded as equivalent
+        (clip-equivalence), each ``{"source": Ray trial id of the same seed, "config": its trial config}``."""
         running = self.running[pid]
         running.values.append(value if value is not None and math.isfinite(value) else None)
         running.clipped[seed] = (trial_id, fully_clipped)
         running.remaining -= 1
+        if running.deferred and completed:
+            self.ready.append((pid, running.deferred))
+            running.remaining, running.deferred = len(running.deferred), []
+            return []
+        running.deferred = []
         if running.remaining:
             return []
         del self.running[pid]

@@ -123,7 +123,9 @@ class PerCellScheduler(FIFOScheduler):
         self._load()
         config = trial.config or {}
         cell = config.get("cell")
-        if cell is None or config.get("final"):   # a proxy search's full-scale answer runs to its end
+        # a proxy search's full-scale answer runs to its end, and so do the other seeds of a configuration
+        # whose lead seed passed every rung (the decision was taken on the lead: cell_search.CellSearch)
+        if cell is None or config.get("final") or config.get("follower"):
             return None
         group = cell if self.settings.within == "cell" else f"{cell}/B={config.get('batch_size')}"
         if group not in self.cells:

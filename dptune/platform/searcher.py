@@ -68,7 +68,7 @@ class SweepSearcher(Searcher):
                                  plan.space.seeds, mode=mode) for i, cell in enumerate(plan.cells)]
         search = plan.space.search
         if search.transfer_radius is not None:
-            for cell, source in transfer_sources(plan).items():
+            for cell, source in plan.transfer_sources().items():
                 self.cells[cell].strategy = Transfer(self.cells[cell].strategy, self.cells[source], plan.cells[cell],
                                                      search.transfer_radius, search.transfer_lr_scaling)
         #: trials recorded, not trained: {"source": Ray trial id, "config": trial config}
@@ -95,9 +95,9 @@ class SweepSearcher(Searcher):
         cell, pid, config = known
         seed = int(config["seed"])
         value = None if error or not result else result.get(self.metric)
-        fully = (not error and bool(result) and result.get("fully_clipped") == 1
-                 and result.get("step") == result.get("steps"))
-        equivalents = self.cells[cell].result(pid, seed, trial_id, value, fully)
+        completed = not error and bool(result) and result.get("step") == result.get("steps")
+        fully = completed and result.get("fully_clipped") == 1
+        equivalents = self.cells[cell].result(pid, seed, trial_id, value, fully, completed)
         if equivalents:
             self.equivalents += equivalents
             if self.on_equivalent is not None:
@@ -192,22 +192,6 @@ class SweepSearcher(Searcher):
                 return
             if not finished:
                 return
-
-
-def transfer_sources(plan: "SweepPlan") -> dict[int, int]:
-    """{cell: the cell it transfers from}: cells that differ only in ε (same dataset, backbone,
-    epochs, δ, options; private, not private selection) in a chain from the largest ε down, each
-    from the one before it."""
-    chains: dict[tuple, list[int]] = {}
-    for i, c in enumerate(plan.cells):
-        cell = c.cell
-        if cell.private and not c.private:
-            chains.setdefault((cell.dataset, cell.backbone, cell.epochs, cell.delta, cell.options), []).append(i)
-    sources = {}
-    for members in chains.values():
-        ordered = sorted(members, key=lambda i: plan.cells[i].cell.epsilon, reverse=True)
-        sources.update(zip(ordered[1:], ordered[:-1]))
-    return sources
 
 
 def chained(plan: "SweepPlan", cell: int, *, clip_equivalence: bool = True) -> bool:

@@ -19,8 +19,9 @@ def _status(row: dict) -> str:
     return "kept" if row["searched"] else "kept, not searched"
 
 
-def format_cell(plan: CellPlan, index: int, total: int) -> str:
-    """The header, the candidate table (B, q, T, σ, σ√T, kept/reason, η) and the trial count."""
+def format_cell(plan: CellPlan, index: int, total: int, source: CellPlan | None = None) -> str:
+    """The header, the candidate table (B, q, T, σ, σ√T, kept/reason, η), the trial count and what the
+    levers save here (``source``: the cell this one transfers from)."""
     c = plan.cell
     note = ("" if not plan.declared else ", declared" if plan.registered
             else ", declared; not registered: planning only")
@@ -60,7 +61,40 @@ def format_cell(plan: CellPlan, index: int, total: int) -> str:
     lines.append(f"  → {upto}{plan.num_trials} trials ({shape} × {seeds} seed{'s' if seeds > 1 else ''}"
                  + (" + the full-scale answer" if plan.proxied else "")
                  + f"); {approx}{_count(steps)} steps, {approx}{_count(examples)} examples")
+    lines += _lever_lines(plan, source)
     return "\n".join(lines)
+
+
+def _lever_lines(plan: CellPlan, source: CellPlan | None) -> list[str]:
+    """What multi-fidelity and transfer are expected to save in this cell."""
+    lines = []
+    scheduler = plan.space.search.scheduler
+    stoppable = [b for b in plan.searched_batch_sizes if plan.decisions(b)]
+    if scheduler.name != "none" and not plan.private:
+        if not stoppable:
+            lines.append(f"  multi-fidelity: no {scheduler.name} decision falls before a run's last step here "
+                         "(every run trains to the end)")
+        else:
+            lead = [b for b in stoppable if plan.lead_seed_first(b)]
+            first = (f"; B={', '.join(map(str, lead))}: the lead seed first, the others once it passed every rung"
+                     if lead else "")
+            if scheduler.name == "asha":
+                steps, examples = plan.expected_cost()
+                h_steps, h_examples = plan.halving_cost()
+                lines.append(f"  multi-fidelity: decisions at B={', '.join(map(str, stoppable))}{first}; ≈ "
+                             f"{_count(h_steps)} steps, {_count(h_examples)} examples if each rung keeps "
+                             f"1/{scheduler.reduction_factor:g} ({h_examples / max(examples, 1):.0%} of the examples)")
+            else:
+                lines.append(f"  multi-fidelity: decisions at B={', '.join(map(str, stoppable))}{first}")
+    if source is not None:
+        radius = plan.space.search.transfer_radius
+        dims = (len(plan.clip_bounds), len(plan.searched_batch_sizes), len(plan.space.learning_rate.multipliers))
+        most = 1
+        for n in dims:
+            most *= min(n, 2 * radius + 1)
+        lines.append(f"  transfer: searched after ε={source.cell.epsilon:g}, within {radius} grid step(s) of its best: "
+                     f"≤ {min(most, len(plan.grid))} of {len(plan.grid)} configurations")
+    return lines
 
 
 def _divisor_text(divisor: int | str) -> str:
@@ -117,6 +151,8 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
               "only where denoise is set): " + "; ".join(f"{k} ∈ {{{', '.join('null' if v is None else str(v) for v in vs)}}}"
                                                        for k, vs in space.trial.searched)]
              if space.trial.searched else []),
+           "levers (the same answer for less compute; each turned off by name in `search`):",
+           *[f"  {lever.line}" for lever in space.levers],
            *([f"proxy runs (Sander et al., TAN without a burn): each private cell's configurations ranked at "
               f"{_divisor_text(space.search.proxy_divisor)} for the cell's T, then its choice "
               "trained once at full scale (the answer); a proxy's ε is its own, not the cell's: proxy rows only "
@@ -124,11 +160,21 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
            *([f"selection: private (Papernot & Steinke): each cell's ε, δ is the budget of the released model; "
               f"validation fraction {space.selection.validation_fraction:g}; the σ√T and minimum-step rules are "
               "data-independent and cost no privacy"] if space.selection.private else []), ""]
+    sources = plan.transfer_sources()
     for i, cell in enumerate(plan.cells, 1):
-        out += [format_cell(cell, i, len(plan.cells)), ""]
+        source = plan.cells[sources[i - 1]] if i - 1 in sources else None
+        out += [format_cell(cell, i, len(plan.cells), source), ""]
     steps, examples = plan.expected_cost
     approx, upto = ("≈", "≤ ") if space.search.algorithm == "optuna" else ("", "")
+    saving = ""
+    if space.search.scheduler.name == "asha":
+        _, h_examples = plan.halving_cost
+        saving = f"; ≈ {_count(h_examples)} examples with multi-fidelity, if each rung keeps 1/" \
+                 f"{space.search.scheduler.reduction_factor:g}"
+    if sources:
+        saving += "; transfer runs fewer in the smaller-ε cells"
     out.append(f"total: {upto}{plan.num_trials} trials, {approx}{_count(steps)} optimizer steps, "
-               f"{approx}{_count(examples)} examples (per-sample gradients)." + (" Nothing was launched." if dry_run else ""))
+               f"{approx}{_count(examples)} examples (per-sample gradients){saving}."
+               + (" Nothing was launched." if dry_run else ""))
     out += [f"note: a sweep would refuse this: {problem}" for problem in plan.sweep_problems]
     return "\n".join(out)

@@ -28,6 +28,7 @@ import pandas as pd
 
 from ..errors import UserError, NotFound
 from .batches import COLUMNS, Row, batch_rows, candidate_rows, rows_frame, spread
+from .levers import decision_steps, halving_steps, with_levers
 from .noise_table import NoiseRequest, calibrate_many
 from .proxy import MIN_PROXY_SIGMA, ProxyRun, auto_divisor, proxy_run
 from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
@@ -40,10 +41,11 @@ from .spec import Catalog, Spec
 #: Proxy runs (``search.proxy``, :mod:`.proxy`): the divisor k and the full-scale B the proxy stands for;
 #: ``final`` marks the full-scale run of the configuration a proxy search chose (the cell's answer).
 #: ``metric`` names the trial metric the search, the scheduler and the store's ``accuracy`` column
-#: use (:meth:`SweepPlan.metric`).
+#: use (:meth:`SweepPlan.metric`). ``follower`` marks a seed that runs because its configuration's lead
+#: seed passed every rung of the scheduler (:meth:`CellPlan.lead_seed_first`): the scheduler leaves it alone.
 PLAN_FIELDS = ("cell", "metric", "sample_rate", "steps", "noise_sqrt_steps", "lr_multiplier", "backbone_label",
                "dataset_label", "selection_k", "selection_draw", "trial_epsilon", "total_epsilon",
-               "proxy_divisor", "full_batch_size", "final")
+               "proxy_divisor", "full_batch_size", "final", "follower")
 
 
 @dataclass(frozen=True)
@@ -315,6 +317,43 @@ class CellPlan:
         scale = len(self.space.seeds) * (self.num_configurations / len(configs))
         return float(steps.sum() * scale), float(examples.sum() * scale)
 
+    def run_shape(self, batch_size: int) -> tuple[int, float, int]:
+        """(B, epochs, T) of the search's runs standing for ``batch_size``: its proxy's under proxy runs."""
+        if self.proxied and self.proxy_divisor(batch_size) > 1:
+            run = self.proxy(batch_size)
+            return run.batch_size, run.epochs, run.steps
+        return batch_size, self.cell.epochs, int(self.row(batch_size)["steps"])
+
+    def decisions(self, batch_size: int) -> list[tuple[int, int]]:
+        """Where the spec's scheduler may stop this cell's runs at ``batch_size`` (:func:`~.levers.decision_steps`)."""
+        _, epochs, steps = self.run_shape(batch_size)
+        return decision_steps(self.space.search.scheduler, epochs, steps)
+
+    def lead_seed_first(self, batch_size: int) -> bool:
+        """Whether a configuration at ``batch_size`` runs its lead seed first and its other seeds only once
+        the lead passed every rung (several seeds, a scheduler that can act before the runs' end): the
+        configuration is stopped or kept on all its seeds at once (:mod:`.levers`)."""
+        return len(self.space.seeds) > 1 and not self.private and bool(self.decisions(batch_size))
+
+    def halving_cost(self) -> tuple[float, float]:
+        """(optimizer steps, examples) of this cell's search if each ASHA rung keeps 1/rf of the runs
+        that reach it (:func:`~.levers.halving_steps`: an estimate); :meth:`expected_cost` without a scheduler."""
+        if self.space.search.scheduler.name != "asha" or self.private:
+            return self.expected_cost()
+        configs = self.grid if self.space.search.algorithm == "optuna" else self.configurations()
+        if not configs:
+            return 0.0, 0.0
+        seeds = len(self.space.seeds)
+        scale = self.num_configurations / len(configs)
+        steps = examples = 0.0
+        for b in self.searched_batch_sizes:   # each B is one group of the scheduler (within: batch_size)
+            runs = scale * sum(1 for _, bc, _ in configs if bc == b)
+            batch, epochs, full = self.run_shape(b)
+            lead, alive = halving_steps(self.space.search.scheduler, epochs, full, runs)
+            total = lead + (seeds - 1) * alive * full if self.lead_seed_first(b) else lead * seeds
+            steps, examples = steps + total, examples + total * batch
+        return steps, examples
+
     def final_cost(self) -> tuple[float, float]:
         """(optimizer steps, examples) of a proxy search's full-scale answer run, once per seed: at
         most those of the searched B with the most examples (which one is chosen is not known yet)."""
@@ -349,6 +388,12 @@ class SweepPlan:
     def expected_cost(self) -> tuple[float, float]:
         """(optimizer steps, examples processed) over all trials."""
         costs = [c.expected_cost() for c in self.cells] + [c.final_cost() for c in self.cells]
+        return sum(s for s, _ in costs), sum(e for _, e in costs)
+
+    @property
+    def halving_cost(self) -> tuple[float, float]:
+        """(optimizer steps, examples) over all trials if each ASHA rung keeps 1/rf (an estimate)."""
+        costs = [c.halving_cost() for c in self.cells] + [c.final_cost() for c in self.cells]
         return sum(s for s, _ in costs), sum(e for _, e in costs)
 
     @property
@@ -404,6 +449,23 @@ class SweepPlan:
         if problems:
             raise UserError("; ".join(problems))
 
+    def transfer_sources(self) -> dict[int, int]:
+        """{cell: the cell it transfers from} under ``search.transfer``: cells that differ only in ε (same
+        dataset, backbone, epochs, δ, options; private, not private selection) in a chain from the largest
+        ε down, each from the one before it. Empty when transfer is off."""
+        if self.space.search.transfer_radius is None:
+            return {}
+        chains: dict[tuple, list[int]] = {}
+        for i, c in enumerate(self.cells):
+            cell = c.cell
+            if cell.private and not c.private:
+                chains.setdefault((cell.dataset, cell.backbone, cell.epochs, cell.delta, cell.options), []).append(i)
+        sources = {}
+        for members in chains.values():
+            ordered = sorted(members, key=lambda i: self.cells[i].cell.epsilon, reverse=True)
+            sources.update(zip(ordered[1:], ordered[:-1]))
+        return sources
+
     def trials(self) -> list[dict]:
         """All trial configs of a grid or random sweep, cell by cell."""
         return [t for c in self.cells for t in c.trials()]
@@ -445,7 +507,7 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     declared size against the data (q = B/N and T must be the trainer's); after it, refuses cells
     left without a batch size. ``dptune plan`` passes False: declared sizes are used as given.
     """
-    space = SearchSpace.from_spec(spec)
+    space = with_levers(SearchSpace.from_spec(spec))
     unregistered = [d.name for d in space.axes.dataset if d.name not in catalog.datasets]
     if strict and unregistered:
         raise UserError(f"dataset(s) {', '.join(unregistered)} are not registered; sizes declared under "

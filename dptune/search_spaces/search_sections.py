@@ -116,6 +116,8 @@ class Pruning:
 
 
 SCHEDULERS = ("none", "asha", "median")
+#: How a spec turns a lever off by name (``scheduler: none`` too): ``proxy: off``, ``transfer: off``.
+OFF = ("off",)
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,9 @@ class Search:
     #: previous cell's best (η moved by ε_new/ε_old first with ``lr_scaling: linear``); None: off
     transfer_radius: int | None = None
     transfer_lr_scaling: str = "none"
+    #: the levers (scheduler, proxy, transfer) the spec named; the others are decided by
+    #: :func:`~.levers.resolve_levers` (on by default where they are safe)
+    named: frozenset = frozenset(("scheduler", "proxy", "transfer"))
 
 
 @dataclass(frozen=True)
@@ -262,12 +267,14 @@ class SearchSpace:
     trial: TrialOptions
     dataset_sizes: Mapping[str, int]     # declared sizes, for planning without the data
     selection: Selection = field(default_factory=Selection)
+    #: each lever on or off and why (:class:`~.levers.Lever`), once :func:`~.levers.with_levers` decided them
+    levers: tuple = ()
 
     @classmethod
     def from_spec(cls, spec: Spec) -> "SearchSpace":
+        """The spec's search space as written (:func:`~.levers.with_levers` decides the levers it did not name)."""
         return cls(spec["axes"], spec["clip_bound"], spec["batch_size"], spec["learning_rate"], spec["pruning"],
-                   spec["search"], spec["seeds"], spec["trial"], spec["dataset_sizes"],
-                   spec["selection"])
+                   spec["search"], spec["seeds"], spec["trial"], spec["dataset_sizes"], spec["selection"])
 
 
 def _positive(value: Any, path: str) -> float:
@@ -404,8 +411,10 @@ def parse_pruning(value: Any, catalog: Catalog) -> Pruning:
 def parse_scheduler(value: Any) -> Scheduler:
     """``none`` (default), a name, or ``{name: asha, grace_epochs: 1, reduction_factor: 3}`` /
     ``{name: median, grace_epochs: 1, min_samples: 3}``, each with ``within: batch_size | cell``."""
-    if value is None or isinstance(value, str):
-        value = {"name": value or "none"}
+    if value is None or value is False or value in OFF:
+        value = {"name": "none"}
+    elif isinstance(value, str):
+        value = {"name": value}
     raw = mapping(value, "search.scheduler", ("name", "grace_epochs", "grace_steps", "reduction_factor", "min_samples",
                                               "within"))
     name = choice(raw.get("name", "none"), "search.scheduler.name", SCHEDULERS)
@@ -452,15 +461,17 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
     return Search(algorithm, None if budget is None else integer(budget, "search.budget", ge=1),
                   integer(raw.get("seed", 0), "search.seed", ge=0),
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
-                  parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling)
+                  parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling,
+                  frozenset(k for k in ("scheduler", "proxy", "transfer") if k in raw))
 
 
 TRANSFER_LR_SCALINGS = ("none", "linear")
 
 
 def parse_transfer(value: Any) -> tuple[int | None, str]:
-    """``search.transfer: {radius: r, lr_scaling: none|linear}`` (``true``: radius 1): (r or None, scaling)."""
-    if value is None or value is False:
+    """``search.transfer: {radius: r, lr_scaling: none|linear}`` (``true``: radius 1; ``off``/``false``: none):
+    (r or None, scaling)."""
+    if value is None or value is False or value in OFF:
         return None, "none"
     raw = mapping({} if value is True else value, "search.transfer", ("radius", "lr_scaling"))
     return (integer(raw.get("radius", 1), "search.transfer.radius", ge=0),
@@ -469,8 +480,8 @@ def parse_transfer(value: Any) -> tuple[int | None, str]:
 
 def parse_proxy(value: Any) -> int | str:
     """``search.proxy: {batch_divisor: k | auto}``: the divisor k of the proxy runs (1 when absent), or
-    ``"auto"``: per B the largest power of two that keeps σ/k at or above the limit."""
-    if value is None:
+    ``"auto"``: per B the largest power of two that keeps σ/k at or above the limit; ``off``/``false``: 1."""
+    if value is None or value is False or value in OFF:
         return 1
     raw = mapping(value, "search.proxy", ("batch_divisor",))
     if "batch_divisor" not in raw:

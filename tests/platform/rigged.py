@@ -3,7 +3,8 @@
 It reports exactly what the DP trainable reports to Ray Tune and the store (epoch, step, planned
 steps, accuracy, ε spent after the steps taken so far) and checkpoints its history the same way,
 without training: accuracy(C, epoch) = ``ACCURACY[C] + SLOPE·(epoch − 1)``, lowered by
-``CELL_OFFSET[ε]`` so cells are not comparable with each other.
+``CELL_OFFSET[ε]`` so cells are not comparable with each other, and raised by ``SEED_STEP·seed`` so
+each seed's row is its own.
 """
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from dptune.privacy import epsilon_spent
 #: First-epoch accuracy by clipping bound (grid order: C ascending).
 ACCURACY = {0.1: 0.50, 0.2: 0.30, 0.4: 0.74, 0.8: 0.40, 1.6: 0.80, 3.2: 0.60, 6.4: 0.20, 12.8: 0.75}
 SLOPE = 0.01
+SEED_STEP = 0.001
 CELL_OFFSET = {1.0: 0.0, 4.0: -0.45}
 #: When set, every trial raises this message instead of reporting (read when Ray pickles the trainable).
 FAIL_WITH: str | None = None
 
 
-def accuracy(clip_bound: float, epsilon: float, epoch: int) -> float:
-    return ACCURACY[round(clip_bound, 6)] + CELL_OFFSET[epsilon] + SLOPE * (epoch - 1)
+def accuracy(clip_bound: float, epsilon: float, epoch: int, seed: int = 0) -> float:
+    return ACCURACY[round(clip_bound, 6)] + CELL_OFFSET[epsilon] + SLOPE * (epoch - 1) + SEED_STEP * seed
 
 
 def epoch_step(epoch: int, steps: int, epochs: float) -> int:
@@ -38,7 +40,7 @@ def rigged_trainable(config: dict) -> None:
     history = state["history"] if state else []
     for epoch in range(len(history) + 1, math.ceil(train["epochs"]) + 1):
         step = epoch_step(epoch, steps, train["epochs"])
-        acc = accuracy(train["clip_bound"], train["epsilon"], epoch)
+        acc = accuracy(train["clip_bound"], train["epsilon"], epoch, int(train.get("seed", 0)))
         metrics = {"test_accuracy": acc, "test_loss": 1 - acc, "epoch": epoch, "step": step, "steps": steps,
                    "epsilon_spent": epsilon_spent(sigma, train["delta"], q, step), "noise_multiplier": sigma,
                    "sample_rate": q, "noise_sqrt_steps": sigma * math.sqrt(steps), "train_time_s": 0.0}

@@ -15,6 +15,7 @@ from dptune.search_spaces import Catalog, load_spec, plan_sweep
 from dptune.platform.trial_config import train_config
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import train
+from sweep_plans import levers_off
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def plan_of(catalog, seeds=(0,), **trial):
     spec = {"axes": {"epsilon": 1, "backbone": "mlp", "dataset": "toy", "epochs": 2},
             "clip_bound": [0.01, 0.1, 1, 10], "batch_size": [10, 20], "pruning": {"min_steps": 5, "plateau_tol": 10},
             "learning_rate": {"reference": 1.0, "reference_batch_size": 20, "multipliers": [1, 2]},
-            "seeds": list(seeds), "trial": trial}
+            "seeds": list(seeds), "trial": trial, "search": levers_off()}
     return plan_sweep(load_spec(spec, catalog), catalog, workers=1)
 
 
@@ -123,7 +124,8 @@ def test_a_sweep_stores_equivalent_trials_with_their_source_results(tmp_path):
 
     spec = {"axes": {"epsilon": 0.5, "backbone": "cnn", "dataset": "digits", "epochs": 2},
             "clip_bound": [0.01, 0.03], "batch_size": [128], "pruning": {"min_steps": 20, "max_batch_sizes": 1},
-            "learning_rate": {"reference": 0.002, "reference_batch_size": 128}, "trial": {"optimizer": "adam"}}
+            "learning_rate": {"reference": 0.002, "reference_batch_size": 128}, "trial": {"optimizer": "adam"},
+            "search": levers_off()}
     plan = plan_sweep(load_spec(spec, trainables_catalog()), trainables_catalog(), workers=1)
     settings = RunSettings(experiment="eq", storage=str(tmp_path), max_failures=0, verbose=0)
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")

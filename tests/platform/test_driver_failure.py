@@ -13,11 +13,13 @@ import psutil
 import yaml
 
 from dptune.platform.store import ResultsStore
+from sweep_plans import levers_off
 
 SPEC = {
     "experiment": "drv", "axes": {"epsilon": [2, 8], "backbone": ["mlp"], "dataset": ["digits"], "epochs": [2]},
     "clip_bound": [0.5, 2], "batch_size": [128, 256], "learning_rate": {"reference": 1.0, "reference_batch_size": 128, "multipliers": [1]},
-    "pruning": {"min_steps": 5, "plateau_tol": 0.5, "max_batch_sizes": 2}, "search": {"algorithm": "grid"},
+    "pruning": {"min_steps": 5, "plateau_tol": 0.5, "max_batch_sizes": 2}, 
+    "search": levers_off({"algorithm": "grid"}),
     "resources": {"cpu": 1}, "failure": {"max_failures": 1},
 }
 N_TRIALS = 2 * 2 * 2  # ε × C × kept B

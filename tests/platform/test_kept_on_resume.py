@@ -18,6 +18,7 @@ from dptune.platform.spec_sections import Resources
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import resume_sweep, run_sweep
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
+from sweep_plans import levers_off
 
 N, EPOCHS = 200, 2
 CLIPS = (0.1, 0.4, 1.6, 6.4)
@@ -27,7 +28,7 @@ def test_resume_keeps_what_the_store_holds_as_ended(rigged_ray, tmp_path, monkey
     catalog = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: N)
     spec = {"axes": {"epsilon": [1], "backbone": "mlp", "dataset": "toy", "epochs": EPOCHS},
             "clip_bound": list(CLIPS), "batch_size": [20], "learning_rate": {"reference": 1.0, "reference_batch_size": 20},
-            "pruning": {"min_steps": 5}, "search": {"algorithm": "grid"}}
+            "pruning": {"min_steps": 5}, "search": levers_off({"algorithm": "grid"})}
     plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
     settings = RunSettings(experiment="lag", storage=str(tmp_path), max_failures=0, verbose=0, resources=Resources(max_concurrent=1))
     monkeypatch.setattr(rigged, "FAIL_WITH", "lost before the snapshot")

@@ -3,6 +3,7 @@ from dptune.platform.launcher import RunSettings
 from dptune.platform.layout import ExperimentPaths
 from dptune.platform.sweep import _save_plan
 from dptune.search_spaces import Catalog, batch_plan, load_spec, plan_sweep
+from sweep_plans import levers_off
 
 N, EPOCHS, CANDIDATES = 200, 2, [5, 10, 20, 40, 80]
 
@@ -11,7 +12,7 @@ def test_the_saved_plan_holds_the_spec_rules_and_every_cell_batch_size(tmp_path)
     catalog = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: N)
     spec = {"axes": {"epsilon": [1, 4], "backbone": "mlp", "dataset": "toy", "epochs": EPOCHS},
             "clip_bound": [1.0], "batch_size": CANDIDATES, "learning_rate": {"reference": 1.0, "reference_batch_size": 20},
-            "pruning": {"min_steps": 8, "plateau_tol": 0.3}, "search": {"algorithm": "grid"}}
+            "pruning": {"min_steps": 8, "plateau_tol": 0.3}, "search": levers_off({"algorithm": "grid"})}
     plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
     settings = RunSettings(experiment="saved", storage=str(tmp_path))
     settings.paths.create()

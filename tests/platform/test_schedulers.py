@@ -22,6 +22,7 @@ from dptune.search_spaces import SpecError, load_spec, plan_sweep
 from dptune.search_spaces.search_sections import Scheduler
 
 import rigged  # tests/platform/rigged.py (pytest puts this folder on sys.path)
+from sweep_plans import levers_off
 from dptune.search_spaces import Catalog
 
 N = 200
@@ -38,7 +39,7 @@ def spec_of(scheduler) -> dict:
     return {"axes": {"epsilon": [1, 4], "backbone": "mlp", "dataset": "toy", "epochs": EPOCHS},
             "clip_bound": sorted(rigged.ACCURACY), "batch_size": [20],
             "learning_rate": {"reference": 1.0, "reference_batch_size": 20},
-            "pruning": {"min_steps": 5}, "search": {"scheduler": scheduler}}
+            "pruning": {"min_steps": 5}, "search": levers_off({"scheduler": scheduler})}
 
 
 def expected_stopped(rf: float = RF) -> set[tuple[float, float]]:
@@ -168,6 +169,34 @@ def test_asha_compares_trials_of_the_same_batch_size_only(rigged_ray, tmp_path, 
     assert stopped == {(c, b) for b in (20, 40) for e, c in expected_stopped() if e == 1.0}
 
 
+def test_with_several_seeds_a_configuration_is_stopped_or_kept_on_all_its_seeds(rigged_ray, tmp_path, catalog):
+    """Issue 33, item 2: with seeds 0–2 ASHA decides each configuration on its lead seed (seed 0) against
+    the other configurations' lead runs, so it stops exactly the set one seed would; a stopped
+    configuration ran its lead alone (one row, stopped at the rung), a kept one trains every seed to the
+    end (the other seeds start once the lead passed every rung, and the scheduler leaves them alone)."""
+    spec = {**spec_of({"name": "asha", "grace_epochs": 1, "reduction_factor": RF}), "seeds": [0, 1, 2]}
+    plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
+    assert all(cell.lead_seed_first(20) for cell in plan.cells)
+    settings = RunSettings(experiment="seeds", storage=str(tmp_path), max_failures=0, verbose=0,
+                           resources=Resources(max_concurrent=2))
+    run_sweep(plan, settings, trainable=rigged.rigged_trainable)
+    rows = ResultsStore(settings.paths.store).table("trials")
+    rows = rows.assign(C=rows.clip_bound.round(6))
+    stopped = rows[rows.status == "stopped"]
+    assert {(r.epsilon, r.C) for r in stopped.itertuples()} == expected_stopped()
+    assert (stopped.seed == 0).all() and (stopped.epoch == 1).all()
+    for (eps, c), group in rows.groupby(["epsilon", "C"]):
+        if (eps, c) in expected_stopped():
+            assert len(group) == 1                                    # the other seeds never ran
+        else:
+            assert sorted(group.seed) == [0, 1, 2] and (group.status == "finished").all()
+            assert (group.epoch == EPOCHS).all()
+            followers = group[group.seed != 0]
+            assert all('"follower": true' in c for c in followers.config_json)
+            assert not any('"follower"' in c for c in group[group.seed == 0].config_json)
+    assert set(rows.status) == {"stopped", "finished"}
+
+
 def test_without_a_scheduler_every_trial_finishes(rigged_ray, tmp_path, catalog):
     _, _, rows = run(tmp_path, catalog, "none", name="plain")
     assert len(rows) == 2 * len(rigged.ACCURACY) and (rows.status == "finished").all()
@@ -175,8 +204,8 @@ def test_without_a_scheduler_every_trial_finishes(rigged_ray, tmp_path, catalog)
 
 
 DRIVER = """
-import sys
-sys.path.insert(0, {here!r})
+import os, sys
+sys.path[:0] = [{here!r}, os.path.dirname({here!r})]
 import rigged, test_schedulers as t
 from ray import cloudpickle
 cloudpickle.register_pickle_by_value(rigged)

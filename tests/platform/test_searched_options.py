@@ -6,6 +6,7 @@ from ray.tune.search import Searcher
 from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher, chained
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
+from sweep_plans import levers_off
 
 CATALOG = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: 200,
                   check_trial_option=check_option)
@@ -15,7 +16,7 @@ def plan(trial: dict):
     spec = {"axes": {"epsilon": [1, 4], "backbone": "mlp", "dataset": "toy", "epochs": 2},
             "clip_bound": [0.1, 1, 10], "batch_size": [10, 20],
             "learning_rate": {"reference": 1.0, "reference_batch_size": 20, "multipliers": [1]},
-            "pruning": {"min_steps": 5, "plateau_tol": 10.0}, "trial": trial}
+            "pruning": {"min_steps": 5, "plateau_tol": 10.0}, "trial": trial, "search": levers_off()}
     return plan_sweep(load_spec(spec, CATALOG), CATALOG, workers=1)
 
 

@@ -8,6 +8,7 @@ import pytest
 from ray.tune.search import Searcher
 
 from accounting_checks import assert_calibrated
+from sweep_plans import levers_off
 
 from dptune.trainables.config import check_option
 from dptune.platform.searcher import SweepSearcher
@@ -25,12 +26,14 @@ def catalog() -> Catalog:
 
 @pytest.fixture
 def toy_spec():
-    """A valid spec mapping over the toy dataset; keyword arguments replace whole sections."""
+    """A valid spec mapping over the toy dataset; keyword arguments replace whole sections (the levers
+    a ``search`` does not name are off)."""
     def make(**overrides) -> dict:
         return {"axes": {"epsilon": [1, 4], "delta": 1e-5, "backbone": ["mlp"], "dataset": ["toy"], "epochs": [2]},
                 "clip_bound": [0.1, 1, 10], "batch_size": [5, 10, 20, 40, 100, 400],
                 "learning_rate": {"reference": 1.0, "reference_batch_size": 20, "multipliers": [0.5, 1, 2]},
-                "pruning": {"min_steps": 5, "plateau_tol": 10.0}, **overrides}
+                "pruning": {"min_steps": 5, "plateau_tol": 10.0}, **overrides,
+                "search": levers_off(overrides.get("search"))}
     return make
 
 

@@ -11,12 +11,13 @@ from dptune.search_spaces import SearchSpace, SpecError, load_spec, plan_sweep
 from dptune.search_spaces.search_sections import AxisValue
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.data import load_dataset, train_size
+from sweep_plans import levers_off
 
 
 def spec(backbone, dataset="digits", **extra):
     return {"axes": {"epsilon": 1, "backbone": backbone, "dataset": dataset, "epochs": 1},
             "clip_bound": [1], "batch_size": [64], "pruning": {"min_steps": 1},
-            "learning_rate": {"reference": 1.0, "reference_batch_size": 64}, **extra}
+            "learning_rate": {"reference": 1.0, "reference_batch_size": 64}, "search": levers_off(), **extra}
 
 
 def test_options_reach_the_cell_label_and_the_trainer_config():

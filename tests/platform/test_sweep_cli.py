@@ -18,6 +18,7 @@ clip_bound: [1]
 batch_size: [64]
 learning_rate: {reference: 1.0, reference_batch_size: 64}
 pruning: {min_steps: 5}
+search: {scheduler: none, proxy: off, transfer: off}
 experiment: again
 """
 

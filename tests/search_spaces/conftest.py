@@ -5,6 +5,8 @@ the few (ε, q, T) used here are calibrated once per session.
 """
 import pytest
 
+from sweep_plans import levers_off
+
 from dptune.trainables.config import check_option
 from dptune.search_spaces import Catalog
 
@@ -26,7 +28,10 @@ def _toy_spec(**overrides) -> dict:
         "batch_size": [5, 10, 20, 40, 100, 400],       # T = 80, 40, 20, 10, 4; 400 > N
         "learning_rate": {"reference": 1.0, "reference_batch_size": 20, "multipliers": [0.5, 1, 2]},
         "pruning": {"min_steps": 5, "plateau_tol": 10.0},
+        "search": levers_off(),
     }
+    if overrides.get("search") is not None:
+        overrides = {**overrides, "search": levers_off(overrides["search"])}
     spec.update(overrides)
     return {k: v for k, v in spec.items() if v is not None}
 

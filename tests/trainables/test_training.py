@@ -8,6 +8,7 @@ from accounting_checks import assert_calibrated
 from dptune.privacy import epsilon_spent
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import Trainer, plan_privacy, train
+from sweep_plans import levers_off
 
 
 def test_non_private_cnn_reaches_95_percent_on_digits():
@@ -126,7 +127,8 @@ def test_the_planner_calibrates_for_the_examples_trained_on():
 
     spec = {"axes": {"epsilon": 2, "backbone": {"name": "mlp", "hidden": 16}, "dataset": "digits", "epochs": 1},
             "clip_bound": 1, "batch_size": 64, "pruning": {"min_steps": 5},
-            "learning_rate": {"reference": 1.0, "reference_batch_size": 64}, "selection": {"validation_fraction": 0.1}}
+            "learning_rate": {"reference": 1.0, "reference_batch_size": 64}, "selection": {"validation_fraction": 0.1},
+            "search": levers_off()}
     plan = plan_sweep(load_spec(spec, trainables_catalog()), trainables_catalog(), workers=1)
     assert plan.cells[0].dataset_size == 1437 - math.ceil(0.1 * 1437)
     trial = plan.cells[0].trials()[0]

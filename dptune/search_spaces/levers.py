@@ -1,0 +1,177 @@
+"""The levers that buy the same answer for less compute, on by default where they are safe.
+
+A spec's ``search`` section may name three levers; one it does not name is decided here, from the
+rest of the spec, and every decision carries the one line ``dptune plan`` prints for it:
+
+- **multi-fidelity** (``search.scheduler``): ASHA within each (cell, B), optimizer steps as the
+  resource (rungs after :data:`DEFAULT_SCHEDULER`'s ``grace_steps``·rf^k steps). With several
+  seeds a configuration is decided on its *lead* seed (the first), against the other
+  configurations' lead runs at the same rung — in reproducible mode they share that seed's
+  batches and noise, so the comparison is paired — and its other seeds train only once the lead
+  passed every rung: a configuration is stopped or kept on all its seeds at once, and every
+  finished configuration has all of them (the error bars pair over seeds). Off under private
+  selection (each trial releases one noisy score, at its end).
+- **proxy runs** (``search.proxy``, :mod:`.proxy`): ``batch_divisor: auto``, which keeps σ/k in the
+  measured region. Off by default with several seeds (the error bars compare full-scale runs of
+  every configuration; a proxy search trains only its answer at full scale) and under private
+  selection (a proxy spends more than the cell's ε).
+- **transfer across ε** (``search.transfer``, grid only): radius 1, where cells differ only in ε.
+
+Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..privacy.schedule import epoch_end_steps
+from .search_sections import Scheduler, Search
+
+if TYPE_CHECKING:
+    from .search_sections import SearchSpace
+
+#: What a spec that names no scheduler gets: ASHA in optimizer steps (rungs at 20·3^k steps, each
+#: taken at the first epoch end past it), within each (cell, B) — the setting measured in
+#: BENCHMARKS.md (session 6: the same answers as the full grid on the default sweep).
+DEFAULT_SCHEDULER = Scheduler("asha", grace_steps=20, reduction_factor=3.0)
+DEFAULT_PROXY_DIVISOR = "auto"
+DEFAULT_TRANSFER_RADIUS = 1
+#: The spec's names of the levers (keys of ``search``) and how the plan calls them.
+LEVERS = {"scheduler": "multi-fidelity", "proxy": "proxy runs", "transfer": "transfer across ε"}
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One lever of a sweep: on or off, and why, in one line (``dptune plan`` prints it)."""
+
+    key: str        # the spec's name: scheduler, proxy, transfer
+    on: bool
+    why: str
+
+    @property
+    def line(self) -> str:
+        return f"{LEVERS[self.key]}: {'on' if self.on else 'off'} — {self.why}"
+
+
+def with_levers(space: "SearchSpace") -> "SearchSpace":
+    """``space`` with the levers its spec did not name decided, and why (:attr:`SearchSpace.levers`)."""
+    search, levers = resolve_levers(space)
+    return dataclasses.replace(space, search=search, levers=levers)
+
+
+def resolve_levers(space: "SearchSpace") -> tuple[Search, tuple[Lever, ...]]:
+    """The search with the levers the spec did not name decided, and one :class:`Lever` each."""
+    search = space.search
+    private = space.selection.private
+    seeds = len(space.seeds)
+    levers = []
+
+    if "scheduler" in search.named:
+        scheduler = search.scheduler
+        levers.append(Lever("scheduler", scheduler.name != "none", "named in the spec" + _scheduler_text(scheduler)
+                            if scheduler.name != "none" else "named off in the spec"))
+    elif private:
+        scheduler = search.scheduler
+        levers.append(Lever("scheduler", False, "private selection: each trial releases one noisy score, at its end"))
+    else:
+        scheduler = DEFAULT_SCHEDULER
+        levers.append(Lever("scheduler", True, "on by default" + _scheduler_text(scheduler)
+                            + "; `search: {scheduler: none}` turns it off"))
+
+    if "proxy" in search.named:
+        divisor = search.proxy_divisor
+        levers.append(Lever("proxy", divisor != 1, f"named in the spec (batch_divisor {divisor})" if divisor != 1
+                            else "named off in the spec"))
+    elif private:
+        divisor = 1
+        levers.append(Lever("proxy", False, "private selection: a proxy run spends more than the cell's ε"))
+    elif seeds > 1:
+        divisor = 1
+        levers.append(Lever("proxy", False, f"{seeds} seeds: the error bars compare full-scale runs of every "
+                                            "configuration, and a proxy search trains only its answer at full scale; "
+                                            "`search: {proxy: {batch_divisor: auto}}` turns them on"))
+    else:
+        divisor = DEFAULT_PROXY_DIVISOR
+        levers.append(Lever("proxy", True, "on by default (batch_divisor auto: k per B keeps σ/k in the measured "
+                                           "region); `search: {proxy: off}` turns it off"))
+
+    chains = len([e for e in space.axes.epsilon if math.isfinite(e)]) > 1
+    if "transfer" in search.named:
+        radius, scaling = search.transfer_radius, search.transfer_lr_scaling
+        levers.append(Lever("transfer", radius is not None,
+                            f"named in the spec (radius {radius}, lr_scaling {scaling})" if radius is not None
+                            else "named off in the spec"))
+    else:
+        radius, scaling = None, search.transfer_lr_scaling
+        if private:
+            why = "private selection draws its trials independently of the data"
+        elif search.algorithm != "grid":
+            why = f"grid searches only ({search.algorithm}" + (": warm_start is its transfer)" if
+                                                               search.algorithm == "optuna" else ")")
+        elif not chains:
+            why = "one private ε: no cells differ only in ε"
+        else:
+            radius = DEFAULT_TRANSFER_RADIUS
+            why = (f"on by default (radius {radius}): each smaller ε searched within one grid step of the larger ε's "
+                   "best, once its results are in; `search: {transfer: off}` turns it off")
+        levers.append(Lever("transfer", radius is not None, why))
+
+    resolved = dataclasses.replace(search, scheduler=scheduler, proxy_divisor=divisor, transfer_radius=radius,
+                                   transfer_lr_scaling=scaling)
+    return resolved, tuple(levers)
+
+
+def _scheduler_text(scheduler: Scheduler) -> str:
+    if scheduler.name == "none":
+        return ""
+    unit = "optimizer steps" if scheduler.grace_steps is not None else "epochs"
+    grace = scheduler.grace_steps if scheduler.grace_steps is not None else scheduler.grace_epochs
+    when = (f"rungs after {grace}·{scheduler.reduction_factor:g}^k {unit}" if scheduler.name == "asha"
+            else f"from {grace} {unit} on")
+    within = "(cell, B)" if scheduler.within == "batch_size" else "cell"
+    return f" ({scheduler.name}, {when}, within each {within})"
+
+
+def decision_steps(scheduler: Scheduler, epochs: float, steps: int) -> list[tuple[int, int]]:
+    """Where ``scheduler`` may stop a run of ``steps`` steps over ``epochs`` epochs: (epoch end before
+    the run's last step T, milestones passed by then) at every epoch end where a decision is taken.
+    ASHA's milestones are grace·rf^k (steps, or epochs), each decided at the first report past it;
+    the median rule decides at every epoch end from its grace on (counted as one milestone). Empty:
+    nothing can be stopped at this B (a one-epoch cell, say)."""
+    if scheduler.name == "none":
+        return []
+    ends = epoch_end_steps(epochs, steps)
+    # the resource at each epoch end: optimizer steps, or the epoch's number
+    resource = ends if scheduler.grace_steps is not None else list(range(1, len(ends) + 1))
+    grace = scheduler.grace_steps if scheduler.grace_steps is not None else scheduler.grace_epochs
+    out, decided = [], 0
+    for t, r in zip(ends, resource):
+        if t >= steps:
+            break
+        if scheduler.name == "median":
+            if r >= grace:
+                out.append((t, 1))
+            continue
+        passed = 0
+        while grace * scheduler.reduction_factor ** passed <= r:
+            passed += 1
+        if passed > decided:   # Ray's ASHA records one milestone per report, the highest not yet recorded
+            decided += 1
+            out.append((t, decided))
+    return out
+
+
+def halving_steps(scheduler: Scheduler, epochs: float, steps: int, runs: float) -> tuple[float, float]:
+    """(expected optimizer steps of ``runs`` runs of one group, how many of them train to the end) under
+    ASHA if each rung keeps 1/rf of the runs that reach it, and at least one (successive halving's
+    budget; ASHA's asynchronous promotions keep somewhat more): a planning estimate, not a bound.
+    (runs·``steps``, runs) without a rung before T, or for the median rule."""
+    if scheduler.name != "asha":
+        return runs * steps, runs
+    total, last, alive = 0.0, 0, float(runs)
+    for t, _ in decision_steps(scheduler, epochs, steps):
+        total += alive * (t - last)
+        last, alive = t, max(min(1.0, runs), alive / scheduler.reduction_factor)
+    return total + alive * (steps - last), alive

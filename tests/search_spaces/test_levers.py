@@ -1,0 +1,148 @@
+"""The levers on by default where they are safe (issue 33, item 1): which a spec gets when it names
+none, why each is off where it cannot apply, each turned off by name; where a scheduler can decide
+(checked against Ray Tune's own ASHA bracket); and the plan's estimate of what they save."""
+from types import SimpleNamespace
+
+import pytest
+from ray.tune.schedulers.async_hyperband import _Bracket
+
+from dptune.privacy.schedule import epoch_end_steps
+from dptune.search_spaces import SearchSpace, load_spec, plan_sweep
+from dptune.search_spaces.levers import DEFAULT_SCHEDULER, decision_steps, halving_steps, with_levers
+from dptune.search_spaces.plan_table import format_plan
+from dptune.search_spaces.search_sections import Scheduler
+
+
+def bare(toy_spec, **overrides) -> dict:
+    """The toy spec with no ``search`` section at all: every lever left to dptune."""
+    spec = toy_spec(**overrides)
+    spec.pop("search", None) if "search" not in overrides else None
+    return spec
+
+
+def levers(spec, catalog) -> dict:
+    space = with_levers(SearchSpace.from_spec(load_spec(spec, catalog)))
+    return space, {lever.key: lever for lever in space.levers}
+
+
+def test_a_spec_that_names_no_lever_gets_all_three_where_safe(catalog, toy_spec):
+    space, got = levers(bare(toy_spec), catalog)            # ε ∈ {1, 4}, one seed, grid
+    assert all(lever.on for lever in got.values())
+    assert space.search.scheduler == DEFAULT_SCHEDULER and space.search.scheduler.grace_steps == 20
+    assert space.search.proxy_divisor == "auto" and space.search.transfer_radius == 1
+    assert "on by default" in got["scheduler"].why and "scheduler: none" in got["scheduler"].why
+
+
+def test_several_seeds_keep_multi_fidelity_but_not_proxies(catalog, toy_spec):
+    space, got = levers(bare(toy_spec, seeds=[0, 1, 2]), catalog)
+    assert got["scheduler"].on and got["transfer"].on and not got["proxy"].on
+    assert space.search.proxy_divisor == 1 and "3 seeds: the error bars compare full-scale runs" in got["proxy"].why
+
+
+@pytest.mark.parametrize("search, off, why", [
+    ({"scheduler": "none"}, "scheduler", "named off in the spec"),
+    ({"scheduler": False}, "scheduler", "named off in the spec"),
+    ({"proxy": "off"}, "proxy", "named off in the spec"),
+    ({"proxy": False}, "proxy", "named off in the spec"),     # YAML reads `proxy: off` as false
+    ({"transfer": "off"}, "transfer", "named off in the spec"),
+    ({"algorithm": "random", "budget": 3}, "transfer", "grid searches only (random)"),
+    ({"algorithm": "optuna", "budget": 3}, "transfer", "warm_start is its transfer"),
+])
+def test_each_lever_is_off_by_name_or_where_it_cannot_apply(catalog, toy_spec, search, off, why):
+    space, got = levers({**toy_spec(), "search": search}, catalog)
+    assert not got[off].on and why in got[off].why
+    assert all(lever.on for key, lever in got.items() if key != off)
+    assert {"scheduler": space.search.scheduler.name == "none", "proxy": space.search.proxy_divisor == 1,
+            "transfer": space.search.transfer_radius is None}[off]
+
+
+def test_one_private_eps_has_nothing_to_transfer(catalog, toy_spec):
+    _, got = levers(bare(toy_spec, axes={"epsilon": [1, float("inf")], "backbone": "mlp", "dataset": "toy",
+                                         "epochs": 2}), catalog)
+    assert not got["transfer"].on and "one private ε" in got["transfer"].why
+
+
+def test_private_selection_gets_no_lever(catalog, toy_spec):
+    spec = bare(toy_spec, search={"algorithm": "random"}, selection={"mode": "private"})
+    spec["search"] = {"algorithm": "random"}
+    space, got = levers(spec, catalog)
+    assert not any(lever.on for lever in got.values())
+    assert all("private selection" in lever.why for lever in got.values())
+    assert space.search.scheduler.name == "none" and space.search.proxy_divisor == 1
+
+
+def ray_decisions(scheduler: Scheduler, epochs: float, steps: int) -> list[int]:
+    """Where Ray Tune's own ASHA bracket records a run reporting at every epoch end before its last
+    (with max_t as dptune sets it in steps: a bound above any T)."""
+    bracket = _Bracket(scheduler.grace_steps, 2 ** 31, scheduler.reduction_factor, 0)
+    trial = SimpleNamespace(trial_id="t")
+    taken = []
+    for t in epoch_end_steps(epochs, steps):
+        if t >= steps:
+            break
+        before = sum(len(recorded) for _, recorded in bracket._rungs)
+        bracket.on_result(trial, t, 0.5)
+        if sum(len(recorded) for _, recorded in bracket._rungs) > before:
+            taken.append(t)
+    return taken
+
+
+@pytest.mark.parametrize("epochs, steps", [(16, 719), (16, 180), (16, 45), (1, 45), (8, 3000), (2.5, 77), (30, 30)])
+@pytest.mark.parametrize("grace, rf", [(20, 3.0), (5, 2.0), (1, 4.0)])
+def test_decisions_fall_where_rays_asha_records_a_rung(epochs, steps, grace, rf):
+    scheduler = Scheduler("asha", grace_steps=grace, reduction_factor=rf)
+    assert [t for t, _ in decision_steps(scheduler, epochs, steps)] == ray_decisions(scheduler, epochs, steps)
+
+
+def test_one_epoch_leaves_nothing_to_decide_and_the_median_rule_decides_every_epoch_after_grace():
+    assert decision_steps(DEFAULT_SCHEDULER, 1, 45) == []
+    median = Scheduler("median", grace_epochs=2)
+    assert [t for t, _ in decision_steps(median, 4, 40)] == [20, 30]       # epochs 2 and 3; 4 is the end
+
+
+def test_halving_estimate_by_hand():
+    # T = 45 over 16 epochs: one rung, at the first epoch end at or past 20 steps (epoch 7: 7·45/16 = 19.7 → 20)
+    scheduler = Scheduler("asha", grace_steps=20, reduction_factor=3.0)
+    assert decision_steps(scheduler, 16, 45) == [(20, 1)]
+    # 9 runs to step 20, then 9/3 = 3 to the end: 9·20 + 3·25
+    assert halving_steps(scheduler, 16, 45, 9) == (pytest.approx(9 * 20 + 3 * 25), pytest.approx(3))
+    # never fewer than one run survives: 2 runs → 2·20 + 1·25
+    assert halving_steps(scheduler, 16, 45, 2) == (pytest.approx(2 * 20 + 25), pytest.approx(1))
+    assert halving_steps(Scheduler("none"), 16, 45, 4) == (180, 4)
+
+
+def test_the_plan_says_which_levers_are_on_and_what_they_save(catalog, toy_spec):
+    spec = bare(toy_spec, seeds=[0, 1, 2], axes={"epsilon": [1, 4], "backbone": "mlp", "dataset": "toy",
+                                                 "epochs": 8})
+    plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
+    text = format_plan(plan)
+    assert "multi-fidelity: on — on by default" in text and "proxy runs: off — 3 seeds" in text
+    assert "transfer across ε: on — on by default (radius 1)" in text
+    # the smaller ε transfers from the larger: at most three values (the best's and its neighbours) of each
+    small = next(c for c in plan.cells if c.cell.epsilon == 1)
+    most = 3 * min(3, len(small.searched_batch_sizes)) * 3
+    assert f"transfer: searched after ε=4, within 1 grid step(s) of its best: ≤ {most} of {len(small.grid)}" in text
+    # where a rung falls, a configuration runs its lead seed first
+    lead = [b for b in small.searched_batch_sizes if small.lead_seed_first(b)]
+    assert lead and all(small.decisions(b) for b in lead)
+    assert "the lead seed first" in text
+    steps, examples = plan.expected_cost
+    assert plan.halving_cost[1] < examples and "with multi-fidelity" in text
+
+
+def test_the_estimate_keeps_all_seeds_of_the_survivors(catalog, toy_spec):
+    """Per B: the lead seed's runs halved at each rung Ray's bracket records (at least one survives),
+    plus both other seeds of the survivors, in examples (steps × B)."""
+    spec = bare(toy_spec, seeds=[0, 1, 2], axes={"epsilon": [1], "backbone": "mlp", "dataset": "toy", "epochs": 8})
+    cell = plan_sweep(load_spec(spec, catalog), catalog, workers=1).cells[0]
+    expected = 0.0
+    for b in cell.searched_batch_sizes:
+        steps = int(cell.row(b)["steps"])
+        alive, last, total = float(len(cell.clip_bounds) * len(cell.space.learning_rate.multipliers)), 0, 0.0
+        rungs = ray_decisions(DEFAULT_SCHEDULER, 8, steps)
+        for t in rungs:
+            total, last, alive = total + alive * (t - last), t, max(1.0, alive / 3)
+        total += alive * (steps - last)
+        expected += (total + 2 * alive * steps if rungs else 3 * total) * b
+    assert any(ray_decisions(DEFAULT_SCHEDULER, 8, int(cell.row(b)["steps"])) for b in cell.searched_batch_sizes)
+    assert cell.halving_cost()[1] == pytest.approx(expected)
