@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from dptune.platform.sweep import DEFAULT_SPEC
+from dptune.platform.layout import DEFAULT_SPEC
 
 VARIANTS = {"none": {}, "mlflow": {"mlflow": {}}, "wandb (offline)": {"wandb": {"project": "dptune-bench"}},
             "tensorboard": {"tensorboard": True}}
@@ -29,7 +29,7 @@ VARIANTS = {"none": {}, "mlflow": {"mlflow": {}}, "wandb (offline)": {"wandb": {
 
 def run(tracking: dict) -> tuple[float, int]:
     """(wall seconds, trials finished) of one default sweep with ``tracking``."""
-    spec = yaml.safe_load(DEFAULT_SPEC.read_text())
+    spec = yaml.safe_load(open(DEFAULT_SPEC).read())
     with tempfile.TemporaryDirectory(prefix="dptune-trackers-") as folder:
         path = Path(folder, "spec.yaml")
         path.write_text(yaml.safe_dump({**spec, "tracking": tracking}))

@@ -22,6 +22,9 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 from .errors import UserError
+from .timeline import mark
+
+
 def _float_or_inf(text: str) -> float:
     try:
         return float(text)
@@ -200,7 +203,9 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
                                    "reusing the on-disk accountant cache), prune them by the minimum-step and σ√T "
                                    "plateau rules, and print a table per cell (B, q, T, σ, σ√T, kept/reason, η), "
                                    "the number of trials and the estimated compute. Nothing is launched.")
-    p.add_argument("spec", metavar="SPEC", help="sweep spec (YAML), e.g. examples/digits_small.yaml")
+    p.add_argument("spec", metavar="SPEC", nargs="?",
+                   help="sweep spec (YAML), e.g. examples/digits_small.yaml [the embedded default, as `dptune sweep` "
+                        "runs it]")
     p.add_argument("--workers", type=int, default=None, help="calibration processes [all CPUs]")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run_plan)
@@ -209,10 +214,11 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
     from .platform.catalog import trainables_catalog
+    from .platform.layout import DEFAULT_SPEC
     from .search_spaces import format_plan, load_spec, plan_sweep
 
     catalog = trainables_catalog()  # torch-free: lazy registries, sizes from metadata
-    spec = load_spec(args.spec, catalog)
+    spec = load_spec(args.spec or DEFAULT_SPEC, catalog)
     plan = plan_sweep(spec, catalog, workers=args.workers, progress=not args.quiet, strict=False)
     print(format_plan(plan), file=out)
     if plan.empty_cells:
@@ -559,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub)
+    for command in sub.choices.values():   # also after the command, as the error hint is read: `dptune plan x --traceback`
+        command.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                             help="show the full traceback on errors")
     return parser
 
 
@@ -566,6 +575,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     out = out or sys.stdout
     args = build_parser().parse_args(argv)
+    mark("cli_start", command=args.command)
     try:
         return args.handler(args, out)
     except UserError as exc:

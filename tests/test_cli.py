@@ -124,3 +124,18 @@ def test_a_bug_is_told_apart_from_a_user_error(tmp_path, monkeypatch, capsys):
     assert "bug in dptune" in err and "Traceback" not in err
     with pytest.raises(KeyError, match="an index the code got wrong"):
         main(["--traceback", "query", "SELECT 1", "--store", store])
+    # the hint followed literally: the flag after the command (issue 33, item 6)
+    with pytest.raises(KeyError, match="an index the code got wrong"):
+        main(["query", "SELECT 1", "--store", store, "--traceback"])
+    assert main(["query", "SELECT 1", "--store", store]) == 1       # and without it, still one line
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00a\x00x\x00e\x00s", "axes: {epsilon: 1}\n# caf\xe9\n".encode("latin-1")])
+def test_a_spec_that_is_not_utf8_text_is_refused_in_one_line(tmp_path, capsys, content):
+    """Issue 33, item 6: a binary or latin-1 spec file is a user error (exit 2, one line naming the file
+    and the first bad byte), not an internal error."""
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(content)
+    assert main(["plan", str(path)]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{path}: not UTF-8 text (byte 0x" in err

@@ -302,7 +302,7 @@ def _summary_section(a: Analysis) -> str:
             "the spec's seeds: anyone holding the spec can regenerate the noise, so their models are NOT "
             "for release (rerun the chosen setting with <code>trial: {randomness: secure}</code>).</p>"
             if s["randomness"].str.contains("NOT for release").any() else "")
-    return "<h2 id='summary'>Sweep summary</h2>" + _table(s, wrap=("C", "B", "η")) + note
+    return "<h2 id='summary'>Sweep summary</h2>" + _table(s, wrap=("cell", "C", "B", "η", "randomness")) + note
 
 
 def _private_selection_section(a: Analysis) -> str:

@@ -77,9 +77,24 @@ def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def optimum_intervals(sets: pd.DataFrame, table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
-    """Per cell: the best setting's t-interval (1 − alpha) of its mean accuracy, how many settings are
-    indistinguishable from it, and the range of C, B and η over them."""
+#: Metrics with a bounded range, which their intervals are cut to: the mean lies in the range, so
+#: cutting a t-interval to it keeps its coverage (three seeds of a noisy cell gave [0.12, 1.03]).
+METRIC_RANGES = {"test_accuracy": (0.0, 1.0), "validation_accuracy": (0.0, 1.0)}
+
+
+def metric_range(trials: pd.DataFrame) -> tuple[float, float]:
+    """The range the store's selected metric (its ``metric`` column) can take; unbounded when unknown
+    or mixed (a noisy selection score can leave [0, 1])."""
+    metrics = set(trials["metric"].dropna()) if "metric" in trials else set()
+    ranges = {METRIC_RANGES.get(m, (-math.inf, math.inf)) for m in metrics} or {(-math.inf, math.inf)}
+    return ranges.pop() if len(ranges) == 1 else (-math.inf, math.inf)
+
+
+def optimum_intervals(sets: pd.DataFrame, table: pd.DataFrame, alpha: float = ALPHA,
+                      bounds: tuple[float, float] = (-math.inf, math.inf)) -> pd.DataFrame:
+    """Per cell: the best setting's t-interval (1 − alpha) of its mean accuracy, cut to the metric's
+    range ``bounds``, how many settings are indistinguishable from it, and the range of C, B and η over
+    them."""
     rows = []
     for cell, group in sets.groupby("cell_name"):
         best = group[group["best"]].iloc[0]
@@ -88,7 +103,7 @@ def optimum_intervals(sets: pd.DataFrame, table: pd.DataFrame, alpha: float = AL
         low = high = math.nan
         if n >= 2:
             half = stats.t.ppf(1 - alpha / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
-            low, high = values.mean() - half, values.mean() + half
+            low, high = max(values.mean() - half, bounds[0]), min(values.mean() + half, bounds[1])
         tied = group[group["indistinguishable"]]
         rows.append({"cell_name": cell, "accuracy_low": low, "accuracy_high": high,
                      "indistinguishable": len(tied) if n >= 2 else math.nan,
@@ -123,7 +138,7 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
     keys = ["cell_name", *SETTING]
     heatmap = heatmap.merge(sets[keys + ["indistinguishable", "p_value"]], on=keys, how="left")
     heatmap["indistinguishable"] = heatmap["indistinguishable"].fillna(False).astype(bool)
-    intervals = optimum_intervals(sets, table)
+    intervals = optimum_intervals(sets, table, bounds=metric_range(sweep.trials))
     axes = [across] + [a for a in sweep.cell_columns if a != across and sweep.trials[a].nunique() > 1]
     statements, ties = [], 0
     for axis in axes:

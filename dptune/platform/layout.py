@@ -26,6 +26,8 @@ import pyarrow.fs as pafs
 from ..errors import NotFound
 from .durable import read_json, write_json
 
+#: The embedded default sweep: what `dptune sweep` runs and `dptune plan` plans without a SPEC.
+DEFAULT_SPEC = os.path.join(os.path.dirname(__file__), "specs", "default.yaml")
 #: The spec's default ``storage`` and its default ``experiment`` name.
 DEFAULT_STORAGE = "./dptune-results"
 DEFAULT_EXPERIMENT = "default"

@@ -9,12 +9,13 @@ import dataclasses
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, TextIO
 
+import ray
 from ray import tune
 
 from ..errors import UserError
+from ..timeline import mark
 from ..search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
 from . import spec_sections  # noqa: F401  (registers the platform's spec sections)
 from .catalog import trainables_catalog
@@ -22,7 +23,7 @@ from .equivalence import EquivalenceLog, write_equivalent_rows
 from .kept import keeping, kept_results
 from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
 from .durable import read_json, write_json
-from .layout import PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
+from .layout import DEFAULT_SPEC, PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
 from .ray_tasks import RayTasks
 from .schedulers import build_scheduler
 from .searcher import RESTORED, SweepSearcher
@@ -31,7 +32,6 @@ from .storage_check import check_storage
 from .store import ResultsStore
 from .trial_function import dp_trainable
 
-DEFAULT_SPEC = Path(__file__).with_name("specs") / "default.yaml"
 
 
 @dataclass
@@ -74,6 +74,7 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
             plan = planning.result()
     else:
         plan = plan_sweep(spec, trainables_catalog(), progress=progress, draw=True)
+    mark("planned", ray_started=ray.is_initialized())
     print(format_plan(plan, dry_run=False), file=out)
     for note in plan.notes:
         print(f"note: {note}", file=out)
@@ -101,7 +102,10 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     _save_plan(plan, settings)
     print(f"dptune: running {plan.num_trials} trials; experiment at {settings.paths.root}\n"
           f"        if this is interrupted, continue with: dptune resume {settings.paths.root}", file=out)
-    return _outcome(tuner.fit(), settings, searcher, out)
+    mark("tune_fit")
+    results = tuner.fit()
+    mark("tune_done")
+    return _outcome(results, settings, searcher, out)
 
 
 def resume_sweep(root: str, *, restart_errored: bool = False, address: str | None = None,

@@ -19,7 +19,11 @@ from .durable import read_json
 from .layout import ExperimentPaths, filesystem
 from .store import ResultsStore
 
-COLUMNS = ("cell", "finished", "running", "pending", "stopped", "errored", "best", "trial-epochs")
+COLUMNS = ("cell", "finished", "running", "pending", "stopped", "errored", "best (mean over seeds)", "trial-epochs")
+#: Statuses whose accuracy is a whole run's (a clip-equivalent trial has its source's): what the
+#: sweep's closing lines, ``optima.csv`` and the report average over seeds.
+COMPLETE = ("finished", "equivalent")
+SETTING = ["clip_bound", "batch_size", "learning_rate"]
 
 
 @dataclass
@@ -43,7 +47,7 @@ class SweepStatus:
         widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(COLUMNS)]
 
         def line(values: list[str]) -> str:
-            return "  ".join(v.ljust(w) if c in ("cell", "best") else v.rjust(w)
+            return "  ".join(v.ljust(w) if c in ("cell", COLUMNS[6]) else v.rjust(w)
                              for v, w, c in zip(values, widths, COLUMNS)).rstrip()
 
         lines = [line(list(COLUMNS)), *map(line, cells)]
@@ -60,6 +64,17 @@ def _duration(seconds: float) -> str:
     minutes, s = divmod(int(round(seconds)), 60)
     hours, m = divmod(minutes, 60)
     return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def best_setting(trials: pd.DataFrame) -> str:
+    """A cell's best (C, B, η) so far as the sweep's closing lines give it: the largest mean over seeds
+    of its complete runs (finished, or clip-equivalent to one), stopped runs left out; "—" if none."""
+    done = trials[trials["status"].isin(COMPLETE)].dropna(subset=["accuracy"]) if len(trials) else trials
+    if not len(done):
+        return "—"
+    means = done.groupby(SETTING)["accuracy"].agg(["mean", "size"])
+    (c, b, lr), top = means["mean"].idxmax(), means.loc[means["mean"].idxmax()]
+    return f"{top['mean']:.3f} (C={c:g}, B={int(b)}, η={lr:.3g}; {int(top['size'])} seed{'s' if top['size'] > 1 else ''})"
 
 
 def read_status(path: str, now: float | None = None) -> SweepStatus:
@@ -87,15 +102,11 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
         spent = float(len(epochs[epochs["trial_id"].isin(mine["trial_id"])])) if len(mine) and "trial_id" in epochs \
             else 0.0
         spent += sum(r.get("epoch", 0) for r in running)
-        done = mine[mine["status"].isin(["finished", "stopped"])].dropna(subset=["accuracy"]) if len(mine) else mine
-        best = "—"
-        if len(done):
-            top = done.loc[done["accuracy"].idxmax()]
-            best = f"{top['accuracy']:.3f} (C={top['clip_bound']:g}, B={int(top['batch_size'])}, η={top['learning_rate']:.3g})"
+        best = best_setting(mine)
         budget = planned * float(cell.get("epochs", 0))
         rows.append({"cell": key, "finished": int(counts.get("finished", 0)), "running": len(running),
                      "pending": pending, "stopped": int(counts.get("stopped", 0)),
-                     "errored": int(counts.get("error", 0)), "best": best,
+                     "errored": int(counts.get("error", 0)), COLUMNS[6]: best,
                      "trial-epochs": f"{spent:g}/{budget:g}"})
         spent_total, planned_total = spent_total + spent, planned_total + budget
         running_total, pending_total = running_total + len(running), pending_total + pending

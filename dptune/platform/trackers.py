@@ -24,6 +24,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from ..search_spaces.spec import SpecError, mapping, register_section
 from .layout import is_uri
@@ -40,6 +41,16 @@ TRACKERS = {"mlflow": (("tracking_uri", "experiment"), ("mlflow", "sqlalchemy", 
             "wandb": (("project", "mode", "group", "dir"), ("wandb",)),
             "tensorboard": ((), ("tensorboardX",))}
 WANDB_MODES = ("offline", "online")
+#: MLflow 3 refuses a file store (``file:///…/mlruns`` or a plain path) unless this is true; a spec that
+#: names one gets it (dptune sets it for its own process), unless the user set it otherwise.
+ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
+
+
+def _file_store(uri: str | None) -> bool:
+    """Whether MLflow reads ``uri`` as a file store: a ``file:`` URI or a path without a scheme."""
+    if uri is None or uri.startswith("databricks"):
+        return False
+    return urlparse(uri).scheme in ("", "file")   # as MLflow reads a tracking URI
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,11 @@ def parse_tracking(value: Any, catalog: object) -> Tracking:
         missing = _missing(packages)
         if missing:
             raise SpecError(f"tracking.{name}: {', '.join(missing)} not installed; pip install 'dptune[tracking]'")
+        if name == "mlflow" and _file_store(options.get("tracking_uri")) and \
+                os.environ.get(ALLOW_FILE_STORE, "true").lower() not in ("true", "1"):
+            raise SpecError(f"tracking.mlflow.tracking_uri: {options['tracking_uri']} is an MLflow file store, and "
+                            f"{ALLOW_FILE_STORE}={os.environ[ALLOW_FILE_STORE]} refuses it (MLflow's advice: a database "
+                            "backend such as sqlite:///mlflow.db, or unset it to keep the file store)")
         parsed[name] = options
     return Tracking(**parsed)
 
@@ -96,6 +112,8 @@ def tracker_callbacks(tracking: Tracking, experiment: str, root: str) -> list["t
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
         uri = tracking.mlflow.get("tracking_uri")
+        if _file_store(uri):   # the user named a file store: honour it (MLflow 3 asks for this opt-in)
+            os.environ.setdefault(ALLOW_FILE_STORE, "true")
         if uri is None and not local:
             raise SpecError(f"tracking.mlflow.tracking_uri: required with storage {root} (the default is an SQLite "
                             "file in a local experiment folder)")

@@ -14,6 +14,7 @@ import math
 from typing import Callable
 
 from ..errors import UserError
+from ..timeline import mark
 from ..trainables.config import LOSS_OF
 from ..trainables.training import Trainer
 from . import tune_adapter
@@ -29,10 +30,12 @@ def run_trial(config: dict, on_workers: Callable[[dict], None] | None = None) ->
         on_workers(config)
         return
     trainer = planned_trainer(config)
+    mark("trainer_built")
     metric = config.get("metric", "test_accuracy")
     trainer.fit(lambda metrics, history: tune_adapter.report(epoch_report(metrics, trainer, history, metric),
                                                              state=run_state(trainer, history)),
                 state=tune_adapter.restore_state())
+    mark("trial_end", train_time_s=trainer.train_time_s)
 
 
 def planned_trainer(config: dict, **options: object) -> Trainer:

@@ -13,6 +13,9 @@ from typing import Callable
 def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
     """One DP trial: :func:`.trainable.run_trial` (``on_workers``: a multi-worker trial's Ray Train
     run, set by the launcher)."""
+    from ..timeline import mark
+
+    mark("trial_entered", cell=config.get("cell"), seed=config.get("seed"))
     from .trainable import run_trial
 
     run_trial(config, on_workers)

@@ -113,7 +113,11 @@ def read_spec_file(path: str | os.PathLike) -> Mapping[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise NotFound(f"spec file not found: {path}")
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); a sweep "
+                        "spec is a YAML text file") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -24,6 +24,7 @@ from ..privacy import calibrate_noise
 from ..privacy.accountant import epsilon_curve
 from ..privacy.schedule import accounted_steps, epoch_end_steps, num_steps, sample_rate
 from ..registry import check_options
+from ..timeline import mark
 from .batching import model_outputs, to_device
 from .config import TrainConfig
 from .data import DATASETS, load_dataset
@@ -257,6 +258,8 @@ class Trainer:
             nn.functional.cross_entropy(model_outputs(self.model, x), y).backward()
             self.optimizer.step()
         self.step += 1
+        if self.step == 1:
+            mark("first_step")
         return out
 
     def run_epoch(self, progress: tqdm | None = None) -> dict:

@@ -75,6 +75,27 @@ def test_the_rate_of_false_gaps_under_a_planted_tie_is_about_twice_alpha():
     assert 2 * ALPHA - 0.035 < rejected / 600 < 2 * ALPHA + 0.035
 
 
+def test_an_accuracy_interval_stays_inside_zero_and_one():
+    """Issue 33, item 7: three seeds of a noisy cell near the ceiling (0.98, 0.99, 0.5) give a t-interval
+    past 1; the interval of an accuracy is cut to [0, 1] (its mean lies there, so coverage is kept)."""
+    frame = pd.DataFrame([{**row, "metric": "test_accuracy"} for row in
+                          trials({(1.0, 64, 1.0): [0.98, 0.99, 0.5], (3.0, 64, 1.0): [0.2, 0.1, 0.15]}, 1.0)])
+    sweep = Sweep.from_frame(frame)
+    table = per_seed(sweep.trials)
+    values = np.array([0.98, 0.99, 0.5])
+    half = stats.t.ppf(1 - ALPHA / 2, 2) * values.std(ddof=1) / math.sqrt(3)
+    assert values.mean() + half > 1 and values.mean() - half > 0          # the raw interval leaves [0, 1]
+    raw = optimum_intervals(indistinguishable(table), table).iloc[0]
+    assert raw.accuracy_high == pytest.approx(values.mean() + half)
+    _, optima, _ = with_error_bars(sweep, sweep.heatmap_table(), sweep.optima())
+    row = optima.dropna(subset=["accuracy_low"]).iloc[0]
+    assert row.accuracy_high == 1.0 and row.accuracy_low == pytest.approx(values.mean() - half)
+    # a noisy selection score is not bounded: its interval is left as it is
+    score = Sweep.from_frame(frame.assign(metric="selection_score"))
+    _, optima, _ = with_error_bars(score, score.heatmap_table(), score.optima())
+    assert optima.dropna(subset=["accuracy_low"]).iloc[0].accuracy_high == pytest.approx(values.mean() + half)
+
+
 def test_interval_of_the_best_and_between_cell_statements():
     rng = np.random.default_rng(2)
     grid = [0.1, 1.0, 10.0]

@@ -11,14 +11,17 @@ import yaml
 
 from dptune.cli import main
 from dptune.platform.store import ResultsStore
+from dptune.platform.sweep_status import best_setting
 from faulting import await_pause, faulted_env, resume_from_pause
+from sweep_plans import levers_off
 
 SPEC = {
     "experiment": "watched", "axes": {"epsilon": [2, 8], "backbone": [{"name": "mlp", "hidden": 16}],
                                       "dataset": ["digits"], "epochs": [2]},
     "clip_bound": [0.5, 2], "batch_size": [256], "learning_rate": {"reference": 1.0, "reference_batch_size": 256,
                                                                     "multipliers": [1]},
-    "pruning": {"min_steps": 1, "plateau_tol": 100.0}, "search": {"algorithm": "grid"}, "resources": {"cpu": 1},
+    "pruning": {"min_steps": 1, "plateau_tol": 100.0}, "search": levers_off({"algorithm": "grid"}),
+    "resources": {"cpu": 1},
 }
 PLANNED = 4   # 2 ε × 2 C, one B, one η
 EPOCHS = 2
@@ -86,3 +89,17 @@ def test_status_during_a_running_sweep_and_after(tmp_path):
 def test_status_of_a_folder_without_a_sweep_is_a_clear_error(tmp_path, capsys):
     assert main(["status", str(tmp_path)]) == 2
     assert "no sweep here" in capsys.readouterr().err
+
+
+def test_best_is_the_mean_over_seeds_the_closing_lines_give():
+    """Issue 33, item 7: status names the setting with the best mean over seeds of complete runs, not the
+    best single draw (a lucky seed), and leaves stopped runs out."""
+    import pandas as pd
+
+    rows = [  # (C, B, η, seed, status, accuracy): A has the best draw (0.9), B the best mean (0.8)
+        (1.0, 64, 0.5, 0, "finished", 0.9), (1.0, 64, 0.5, 1, "finished", 0.5), (1.0, 64, 0.5, 2, "finished", 0.55),
+        (3.0, 64, 0.5, 0, "finished", 0.8), (3.0, 64, 0.5, 1, "equivalent", 0.82), (3.0, 64, 0.5, 2, "finished", 0.78),
+        (0.3, 64, 0.5, 0, "stopped", 0.95)]
+    frame = pd.DataFrame(rows, columns=["clip_bound", "batch_size", "learning_rate", "seed", "status", "accuracy"])
+    assert best_setting(frame) == "0.800 (C=3, B=64, η=0.5; 3 seeds)"
+    assert best_setting(frame.iloc[-1:]) == "—"

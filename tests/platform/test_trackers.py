@@ -61,6 +61,27 @@ def test_mlflow_holds_one_run_per_trial_with_parameters_and_epoch_metrics(tracke
         assert eps[0] < eps[1] <= 4.0
 
 
+def test_an_mlflow_file_store_the_spec_names_is_honoured(tmp_path, monkeypatch):
+    """Issue 33, item 6: ``tracking_uri: file:///…/mlruns`` (MLflow 3 refuses file stores unless
+    MLFLOW_ALLOW_FILE_STORE is true) gets its runs there; a user who set the variable to false is told
+    so in one line when the spec is read."""
+    import mlflow
+
+    monkeypatch.setenv(trackers.ALLOW_FILE_STORE, "unset below")   # recorded, so the test leaves it as it was
+    monkeypatch.delenv(trackers.ALLOW_FILE_STORE)
+    uri = f"file://{tmp_path}/mlruns"
+    parsed = trackers.parse_tracking({"mlflow": {"tracking_uri": uri, "experiment": "filed"}}, None)
+    (callback,) = trackers.tracker_callbacks(parsed, "filed", str(tmp_path))
+    callback.setup()                                      # Ray's callback creates the experiment here
+    assert mlflow.tracking.MlflowClient(uri).get_experiment_by_name("filed") is not None
+    assert (tmp_path / "mlruns").is_dir()
+    monkeypatch.setenv(trackers.ALLOW_FILE_STORE, "false")
+    with pytest.raises(SpecError, match=r"tracking.mlflow.tracking_uri: file://.* is an MLflow file store, and "
+                                        r"MLFLOW_ALLOW_FILE_STORE=false refuses it"):
+        trackers.parse_tracking({"mlflow": {"tracking_uri": uri}}, None)
+    assert not trackers._file_store("sqlite:///x.db") and trackers._file_store("./mlruns")
+
+
 def _wandb_records(path):
     """The protobuf records of a W&B run file (LevelDB log format: 32 KiB blocks of records with a
     7-byte header crc32/length/type; W&B's own header is 7 bytes), parsed with wandb's protobuf."""

@@ -29,6 +29,18 @@ def test_plan_prints_a_table_per_cell_and_the_totals():
                           f"{row.noise_sqrt_steps:.2f}"]
 
 
+def test_plan_without_a_spec_plans_the_embedded_default():
+    """Issue 33, item 7: `dptune plan` plans what `dptune sweep` runs when given no SPEC."""
+    from dptune.platform.layout import DEFAULT_SPEC
+
+    buf = io.StringIO()
+    assert main(["plan", "--quiet"], out=buf) == EXIT_OK
+    text = buf.getvalue()
+    assert text.startswith(f"Sweep plan for {DEFAULT_SPEC}:")
+    catalog = trainables_catalog()
+    assert f"total: {plan_sweep(load_spec(DEFAULT_SPEC, catalog), catalog, workers=1).num_trials} trials" in text
+
+
 def test_a_bad_spec_is_a_one_line_error_and_calibrates_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DPTUNE_CACHE_DIR", str(tmp_path / "cache"))
     bad = tmp_path / "bad.yaml"
