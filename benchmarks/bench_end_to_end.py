@@ -10,7 +10,11 @@ m ∈ {0.5, 1}; seed 0).
   Poisson sampling, hooks mode, σ from Opacus's PRV accountant in every trial) and reports test
   accuracy each epoch; ``tune.grid_search`` over every (ε, C, B, m).
 - **dptune** runs (``dptune sweep`` of the same cells and grid), one per lever:
-  ``dptune``: the default pruning (σ√T plateau, minimum steps, two kept B spread across the plateau);
+  ``dptune``: the **plain spec**, naming no lever (so it gets those dptune turns on by default where they
+  are safe: multi-fidelity in steps, proxies ``auto`` with one seed, transfer across ε; see
+  ``search_spaces/levers.py``), with the default pruning (σ√T plateau, minimum steps, two kept B spread
+  across the plateau); ``dptune-nolevers``: the same with every lever named off (the plain spec before
+  issue 33); every other run names all three levers, on or off:
   ``dptune-asha``: with ASHA early stopping (``search.scheduler: asha``, within a B, the first rung
   after 20 optimizer steps, as the embedded default); ``dptune-asha-epochs``: rungs at epoch ends;
   ``dptune-proxy``: proxy runs (``search.proxy``: every configuration at B/k and σ/k for the cell's T,
@@ -25,9 +29,10 @@ All run on local Ray with 2 concurrent one-CPU trials, one torch thread each, ea
 own empty accountant cache (σ computed afresh, as the baseline's are). Reported: wall seconds from
 launch to the sweep's end (calibration, Ray start-up and pruning included), trials, per-sample
 gradients computed, each cell's best accuracy, the speed-up over the baseline and the gap between
-the best accuracies. Each run's best trial is one draw of its configuration; ``--reevaluate`` then
-retrains every chosen configuration under new seeds with one trainer, so the answers are compared
-rather than the draws.
+the best accuracies. Each run's best trial is one draw of its configuration (and the grid's best draw is
+biased upward: the best of many noisy draws); so the **main figure** retrains every run's chosen
+configuration under ``--reevaluate`` new seeds (≥ 3) with one trainer, dptune's, and compares the
+seed-means, with their standard errors, against the grid's best configuration's seed-mean.
 
     python benchmarks/bench_end_to_end.py [--only baseline dptune …] [--dataset digits] [--epsilons 1]
 """
@@ -46,9 +51,9 @@ from pathlib import Path
 
 DELTA, SEED = 1e-5, 0
 ETA_REF, B_REF = 2.0, 128
-RUNS = ["baseline", "dptune", "dptune-asha", "dptune-asha-epochs", "dptune-proxy", "dptune-proxy-asha",
-        "dptune-all-B", "dptune-asha-all-B", "dptune-proxy-all-B", "dptune-transfer", "dptune-asha-transfer",
-        "dptune-proxy-asha-transfer"]
+RUNS = ["baseline", "dptune", "dptune-nolevers", "dptune-asha", "dptune-asha-epochs", "dptune-proxy",
+        "dptune-proxy-asha", "dptune-all-B", "dptune-asha-all-B", "dptune-proxy-all-B", "dptune-transfer",
+        "dptune-asha-transfer", "dptune-proxy-asha-transfer"]
 #: The scheduler of the runs named ``…asha…``: rungs in optimizer steps (the embedded default's), or at
 #: epoch ends for ``…asha-epochs…``.
 ASHA = {"steps": "{name: asha, grace_steps: 20, reduction_factor: 3}",
@@ -128,14 +133,17 @@ def run_baseline(args: argparse.Namespace, storage: str) -> dict:
 
 
 def spec_text(args: argparse.Namespace, *, scheduler: str | None, capped: bool, proxy: int | str,
-              transfer: bool = False) -> str:
+              transfer: bool = False, plain: bool = False) -> str:
     """The cells as a dptune sweep spec (the embedded default's pruning); ``capped=False`` searches
     every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 (or ``auto``: k per B) ranks at B/k and σ/k, then
-    trains each cell's choice at full scale; ``transfer`` searches each smaller ε near the previous best."""
+    trains each cell's choice at full scale; ``transfer`` searches each smaller ε near the previous best. Every lever
+    is named, on or off, unless ``plain``: then none is (dptune decides)."""
     search = ("search: {algorithm: grid"
-              + (f", scheduler: {ASHA[scheduler]}" if scheduler else "")
-              + (f", proxy: {{batch_divisor: {proxy}}}" if proxy != 1 else "")
-              + (", transfer: {radius: 1}" if transfer else "") + "}")
+              + f", scheduler: {ASHA[scheduler] if scheduler else 'none'}"
+              + (f", proxy: {{batch_divisor: {proxy}}}" if proxy != 1 else ", proxy: off")
+              + (", transfer: {radius: 1}" if transfer else ", transfer: off") + "}")
+    if plain:
+        search = "search: {algorithm: grid}"
     return f"""experiment: e2e
 axes: {{epsilon: {args.epsilons}, delta: {DELTA}, backbone: [cnn], dataset: [{args.dataset}], epochs: [{args.epochs}]}}
 clip_bound: {args.clips}
@@ -154,7 +162,8 @@ def run_dptune(args: argparse.Namespace, name: str, storage: str) -> dict:
     spec = Path(storage) / "spec.yaml"
     scheduler = ("epochs" if "asha-epochs" in base else "steps") if "asha" in base else None
     spec.write_text(spec_text(args, scheduler=scheduler, capped=not base.endswith("all-B"),
-                              proxy=args.proxy_divisor if "proxy" in base else 1, transfer=base.endswith("transfer")))
+                              proxy=args.proxy_divisor if "proxy" in base else 1, transfer=base.endswith("transfer"),
+                              plain=base == "dptune"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTUNE_CACHE_DIR": str(Path(storage) / "cache")}
     if checkout:
         env["PYTHONPATH"] = checkout
@@ -213,8 +222,11 @@ def main() -> None:
                              "and B/k >= 16) [%(default)s: the largest that keeps σ/k >= 0.5 at B = 32, ε = 1]")
     parser.add_argument("--compare-with", metavar="DIR", help="also run `dptune` from this checkout (dptune@DIR)")
     parser.add_argument("--reevaluate", type=int, default=5, metavar="SEEDS",
-                        help="retrain each run's chosen configuration under this many seeds [%(default)s; 0: skip]")
+                        help="retrain each run's chosen configuration under this many seeds, the main figure "
+                             "[%(default)s; at least 3; 0: skip]")
     args = parser.parse_args()
+    if 0 < args.reevaluate < 3:
+        parser.error("--reevaluate: at least 3 seeds (a mean and its standard error), or 0 to skip")
     runs = args.only or RUNS + ([f"dptune@{args.compare_with}"] if args.compare_with else [])
     results = {}
     for name in runs:
@@ -243,17 +255,26 @@ def main() -> None:
         print(f"| {name} | {r['wall_s']:.0f} | {speed} | {r['trials']} | {r['examples']:,} | " + " | ".join(cells) + " |")
     if not args.reevaluate:
         return
-    print(f"\nEach run's answer retrained by dptune's trainer, seeds 1..{args.reevaluate} (mean ± sd of test accuracy; "
-          "gap to the baseline's answer, points):")
-    print("\n| run | " + " | ".join(f"ε={e:g}: answer (C, B, η) → mean ± sd (gap)" for e in epsilons) + " |")
-    print("|---|" + "---|" * len(epsilons))
+    main_figure(args, results, epsilons)
+
+
+def main_figure(args: argparse.Namespace, results: dict, epsilons: list[float]) -> None:
+    """Each run's answer retrained by one trainer under seeds 1..``--reevaluate``: mean ± standard
+    error per ε, and the gap to the grid's best configuration (the baseline's answer) retrained the same way."""
+    base = results.get("baseline", {})
+    print(f"\nMain figure: each run's answer retrained by dptune's trainer, seeds 1..{args.reevaluate} (mean ± "
+          "standard error of test accuracy; gap to the grid's best configuration retrained the same way, points)")
+    print("\n| run | wall s | speed-up | " + " | ".join(f"ε={e:g}: answer (C, B, η) → mean ± s.e. (gap)" for e in epsilons)
+          + " |")
+    print("|---|---|---|" + "---|" * len(epsilons))
     means: dict[tuple, tuple[float, float]] = {}
 
     def answer(e: float, config: dict) -> tuple[tuple, tuple[float, float]]:
         key = (e, *(round(float(config[k]), 6) for k in ("clip_bound", "batch_size", "learning_rate")))
         if key not in means:
             accuracies = reevaluate(args, e, config)
-            means[key] = (statistics.mean(accuracies), statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0)
+            error = statistics.stdev(accuracies) / math.sqrt(len(accuracies)) if len(accuracies) > 1 else 0.0
+            means[key] = (statistics.mean(accuracies), error)
         return key, means[key]
 
     for name, r in results.items():
@@ -264,13 +285,14 @@ def main() -> None:
             if e not in r["best"]:
                 cells.append("—")
                 continue
-            key, (mean, sd) = answer(e, r["best"][e]["config"])
+            key, (mean, error) = answer(e, r["best"][e]["config"])
             gap = ""
             if e in base.get("best", {}):
                 _, (base_mean, _) = answer(e, base["best"][e]["config"])
                 gap = f" ({100 * (mean - base_mean):+.1f})"
-            cells.append(f"C={key[1]:g}, B={key[2]:g}, η={key[3]:.3g} → {mean:.4f} ± {sd:.4f}{gap}")
-        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+            cells.append(f"C={key[1]:g}, B={key[2]:g}, η={key[3]:.3g} → {mean:.4f} ± {error:.4f}{gap}")
+        speed = f"{base['wall_s'] / r['wall_s']:.2f}×" if "wall_s" in base else ""
+        print(f"| {name} | {r['wall_s']:.0f} | {speed} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -157,15 +157,16 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
     return mesh
 
 
-def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float]) -> Figure:
-    """Per private cell: its optimum against one global (C, B) with η tuned per cell."""
+def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float], eta_tuned: bool = True) -> Figure:
+    """Per private cell: its optimum against one global (C, B), with η tuned per cell (``eta_tuned``) or
+    at each B's one η."""
     n = max(len(cost), 1)
     fig = Figure(figsize=(8.5, 1.6 + 0.45 * n), layout="constrained")
     ax = fig.subplots()
     y = np.arange(len(cost))
     ax.barh(y - 0.2, cost["accuracy"], height=0.38, color="#2a9d8f", label="each cell's optimal (C, B, η)")
     ax.barh(y + 0.2, cost["fixed_accuracy"].fillna(0), height=0.38, color="#e76f51",
-            label=f"fixed C={fmt(setting[0])}, B={fmt(setting[1])} (η tuned)")
+            label=f"fixed C={fmt(setting[0])}, B={fmt(setting[1])} ({'η tuned' if eta_tuned else 'η not tuned'})")
     for k, (_, r) in enumerate(cost.iterrows()):
         text = "not run" if pd.isna(r["fixed_accuracy"]) else f"−{100 * r['cost']:.1f} pts" if r["cost"] > 0 \
             else "optimal"

@@ -27,7 +27,7 @@ from . import figures
 from .denoise_cosine import cosine_curves, cosine_figure
 from .gradnorms import QUANTILE_COLUMNS, class_norms
 from .noise import MIN_STEPS, PLATEAU_TOL, cell_noise_curves
-from .results import Sweep, fmt
+from .results import Sweep, eta_note, fmt
 from .uncertainty import ALPHA, SINGLE_SEED, fixed_setting_lines, with_error_bars
 
 
@@ -217,7 +217,7 @@ def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "e
     write_csv(a.optima, out / "optima.csv")
     paths += [out / "heatmap.csv", out / "optima.csv"]
     if a.fixed_cost is not None:
-        paths += figures.save(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting), out / "fixed_setting_cost")
+        paths += figures.save(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting, a.sweep.eta_tuned()), out / "fixed_setting_cost")
         write_csv(a.fixed_cost, out / "fixed_setting_cost.csv")
         paths.append(out / "fixed_setting_cost.csv")
     elif printing and _fixed_note(a):
@@ -383,7 +383,7 @@ def _optima_section(a: Analysis) -> str:
     if a.comparisons:
         parts.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in a.comparisons) + "</ul>")
     if a.fixed_cost is not None:
-        parts.append(_figure_html(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting), "cost of a fixed setting",
+        parts.append(_figure_html(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting, a.sweep.eta_tuned()), "cost of a fixed setting",
                                   _fixed_caption(a)))
     elif _fixed_note(a):
         parts.append(f"<p class='note'>{html.escape(_fixed_note(a))}.</p>")
@@ -395,7 +395,7 @@ def _fixed_caption(a: Analysis) -> str:
     c, b = a.fixed_setting
     cost = a.fixed_cost["cost"].dropna()
     text = (f"One global setting C={fmt(c)}, B={fmt(b)} (the best on average among the settings run in every "
-            "cell, unless --fixed was given; η still tuned per cell) against each cell's optimal (C, B, η). ")
+            f"cell, unless --fixed was given; {eta_note(a.sweep.eta_tuned())}) against each cell's optimal (C, B, η). ")
     missing = int(a.fixed_cost["fixed_accuracy"].isna().sum())
     if missing:
         text += f"It was not run in {missing} cell(s). "

@@ -146,6 +146,12 @@ class Sweep:
         table["stopped"] = table["stopped"].astype(int)
         return table.sort_values(keys).reset_index(drop=True)
 
+    def eta_tuned(self) -> bool:
+        """Whether η was searched: some private cell ran a (C, B) at more than one η. Without it, "the
+        optimum" is over C and B at each B's one η, and the analysis' lines say so."""
+        table = self.heatmap_table()
+        return bool(len(table)) and int(table["learning_rates"].max()) > 1
+
     def optima(self) -> pd.DataFrame:
         """Per cell, the best (C, B, η) and its mean accuracy, with σ, T and σ√T of that setting.
 
@@ -245,6 +251,11 @@ class Sweep:
         values = self.trials.loc[self.trials["cell_name"] == cell_name, column]
         value = values.iloc[0] if len(values) else DEFAULT_LABEL
         return default if value == DEFAULT_LABEL or value is None else value
+
+
+def eta_note(tuned: bool) -> str:
+    """How the analysis' lines name η: tuned per cell, or not tuned (one η per B)."""
+    return "η tuned per cell" if tuned else "η not tuned: one η per B"
 
 
 def _values(column: pd.Series) -> str:

@@ -177,16 +177,19 @@ def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> tuple
 
 
 def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tuple[float, float]) -> list[str]:
-    """Whether one global (C, B) (η tuned per cell) costs accuracy, with its error bar: per cell where
+    """Whether one global (C, B) (η tuned per cell where it was searched) costs accuracy, with its error bar: per cell where
     it is not optimal, its cost and the paired test's p-value against the cell's optimum (from
     :func:`with_error_bars`' heatmap); one line when it is indistinguishable from the optimum everywhere.
     Empty without error bars."""
     if "p_value" not in heatmap:
         return []
+    from .results import eta_note
+
     c, b = setting
     at = heatmap[np.isclose(heatmap["clip_bound"], c) & np.isclose(heatmap["batch_size"], b)]
     at = at.set_index("cell_name")
-    name = f"fixed setting C={c:g}, B={b:g} (η tuned per cell)"
+    tuned = "learning_rates" in heatmap and int(heatmap["learning_rates"].max()) > 1
+    name = f"fixed setting C={c:g}, B={b:g} ({eta_note(tuned)})"
     lines, tested = [], 0
     for _, row in cost.dropna(subset=["fixed_accuracy"]).iterrows():
         if row["cell_name"] not in at.index or pd.isna(at.loc[row["cell_name"], "p_value"]):

@@ -15,7 +15,11 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
   measured region. Off by default with several seeds (the error bars compare full-scale runs of
   every configuration; a proxy search trains only its answer at full scale) and under private
   selection (a proxy spends more than the cell's ε).
-- **transfer across ε** (``search.transfer``, grid only): radius 1, where cells differ only in ε.
+- **transfer across ε** (``search.transfer``, grid only): radius 1, where cells differ only in ε. Off by
+  default with several seeds: the smaller-ε cell would leave unrun the configurations far from the larger
+  ε's best, and a between-cell statement ("the optimal B at ε = 1 is larger") would compare sets that
+  differ by what was run, not by what was measured (seen on the default sweep: transfer from ε = 8 left
+  ε = 1's B = 32 and its best η unrun).
 
 Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``.
 """
@@ -112,6 +116,10 @@ def resolve_levers(space: "SearchSpace") -> tuple[Search, tuple[Lever, ...]]:
                                                                search.algorithm == "optuna" else ")")
         elif not chains:
             why = "one private ε: no cells differ only in ε"
+        elif seeds > 1:
+            why = (f"{seeds} seeds: the error bars and the between-cell statements compare every configuration of "
+                   "each cell, and transfer leaves those far from the larger ε's best unrun; "
+                   "`search: {transfer: {radius: 1}}` turns it on")
         else:
             radius = DEFAULT_TRANSFER_RADIUS
             why = (f"on by default (radius {radius}): each smaller ε searched within one grid step of the larger ε's "

@@ -96,6 +96,21 @@ def test_an_accuracy_interval_stays_inside_zero_and_one():
     assert optima.dropna(subset=["accuracy_low"]).iloc[0].accuracy_high == pytest.approx(values.mean() + half)
 
 
+def test_the_fixed_setting_line_says_whether_eta_was_tuned():
+    """Issue 33, item 3: "η tuned per cell" only where η was searched (some (C, B) ran at several η)."""
+    from dptune.analysis.uncertainty import fixed_setting_lines
+
+    rng = np.random.default_rng(3)
+    best = {(1.0, 64, 1.0): 0.9, (1.0, 128, 1.0): 0.7}
+    for extra, words in [({}, "(η not tuned: one η per B)"), ({(1.0, 128, 2.0): 0.72}, "(η tuned per cell)")]:
+        frame = pd.DataFrame(trials(planted({**best, **extra}, 4, rng)))
+        sweep = Sweep.from_frame(frame)
+        heatmap, _, _ = with_error_bars(sweep, sweep.heatmap_table(), sweep.optima())
+        setting, cost = sweep.fixed_setting_cost(1.0, 128)
+        (line,) = fixed_setting_lines(heatmap, cost, setting)
+        assert line.startswith(f"fixed setting C=1, B=128 {words}: costs") and sweep.eta_tuned() == bool(extra)
+
+
 def test_interval_of_the_best_and_between_cell_statements():
     rng = np.random.default_rng(2)
     grid = [0.1, 1.0, 10.0]

@@ -14,9 +14,12 @@ from dptune.search_spaces.search_sections import Scheduler
 
 
 def bare(toy_spec, **overrides) -> dict:
-    """The toy spec with no ``search`` section at all: every lever left to dptune."""
+    """The toy spec whose ``search`` names only what ``overrides`` gives (none: no section at all), every
+    other lever left to dptune."""
     spec = toy_spec(**overrides)
-    spec.pop("search", None) if "search" not in overrides else None
+    spec.pop("search", None)
+    if overrides.get("search") is not None:
+        spec["search"] = overrides["search"]
     return spec
 
 
@@ -33,10 +36,14 @@ def test_a_spec_that_names_no_lever_gets_all_three_where_safe(catalog, toy_spec)
     assert "on by default" in got["scheduler"].why and "scheduler: none" in got["scheduler"].why
 
 
-def test_several_seeds_keep_multi_fidelity_but_not_proxies(catalog, toy_spec):
+def test_several_seeds_keep_multi_fidelity_but_not_proxies_nor_transfer(catalog, toy_spec):
     space, got = levers(bare(toy_spec, seeds=[0, 1, 2]), catalog)
-    assert got["scheduler"].on and got["transfer"].on and not got["proxy"].on
+    assert got["scheduler"].on and not got["transfer"].on and not got["proxy"].on
     assert space.search.proxy_divisor == 1 and "3 seeds: the error bars compare full-scale runs" in got["proxy"].why
+    assert space.search.transfer_radius is None and "3 seeds: the error bars and the between-cell" in got["transfer"].why
+    # named, each still runs with seeds
+    space, got = levers(bare(toy_spec, seeds=[0, 1], search={"transfer": {"radius": 2}}), catalog)
+    assert got["transfer"].on and space.search.transfer_radius == 2
 
 
 @pytest.mark.parametrize("search, off, why", [
@@ -64,7 +71,6 @@ def test_one_private_eps_has_nothing_to_transfer(catalog, toy_spec):
 
 def test_private_selection_gets_no_lever(catalog, toy_spec):
     spec = bare(toy_spec, search={"algorithm": "random"}, selection={"mode": "private"})
-    spec["search"] = {"algorithm": "random"}
     space, got = levers(spec, catalog)
     assert not any(lever.on for lever in got.values())
     assert all("private selection" in lever.why for lever in got.values())
@@ -113,11 +119,11 @@ def test_halving_estimate_by_hand():
 
 def test_the_plan_says_which_levers_are_on_and_what_they_save(catalog, toy_spec):
     spec = bare(toy_spec, seeds=[0, 1, 2], axes={"epsilon": [1, 4], "backbone": "mlp", "dataset": "toy",
-                                                 "epochs": 8})
+                                                 "epochs": 8}, search={"transfer": {"radius": 1}})
     plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
     text = format_plan(plan)
     assert "multi-fidelity: on — on by default" in text and "proxy runs: off — 3 seeds" in text
-    assert "transfer across ε: on — on by default (radius 1)" in text
+    assert "transfer across ε: on — named in the spec (radius 1" in text
     # the smaller ε transfers from the larger: at most three values (the best's and its neighbours) of each
     small = next(c for c in plan.cells if c.cell.epsilon == 1)
     most = 3 * min(3, len(small.searched_batch_sizes)) * 3
