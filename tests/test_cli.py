@@ -62,7 +62,7 @@ CHOICES = {"--optimizer": ["sgd", "adam", "adamw"], "--clip-fn": ["flat", "auto_
 
 def test_every_train_option_has_its_flag_default_and_choices():
     by_flag = {flag: a for a in train_actions().values() for flag in a.option_strings}
-    assert {f for f in by_flag if f.startswith("--") and f not in ("--json", "--quiet", "--explain-engine", "--help",
+    assert {f for f in by_flag if f.startswith("--") and f not in ("--json", "--quiet", "--explain-engine", "--help", "--traceback",
                                                                      "--lr")} == set(TRAIN_FLAGS)
     for flag, default in TRAIN_FLAGS.items():
         assert by_flag[flag].default == default, flag

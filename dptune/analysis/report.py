@@ -239,7 +239,7 @@ table { border-collapse: collapse; background: white; font-size: 13px; margin: 8
 th, td { padding: 5px 10px; border-bottom: 1px solid #e4e7ec; text-align: left; white-space: nowrap; }
 th { background: #eef1f6; position: sticky; top: 0; }
 .num { text-align: right; font-variant-numeric: tabular-nums; }
-td.wrap { white-space: normal; max-width: 560px; }
+td.wrap { white-space: normal; max-width: 560px; } #summary + .scroll td.wrap { max-width: 220px; }
 figure { margin: 12px 0 24px; background: white; padding: 12px; box-shadow: 0 1px 2px rgba(0,0,0,.06); }
 figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
 figcaption { color: #5b6475; font-size: 13px; margin-top: 6px; }

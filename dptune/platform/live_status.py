@@ -2,7 +2,10 @@
 (``<experiment>/dptune_running.json``) for ``dptune status``: the store records a trial only
 once it ends. Written by a driver-side Ray Tune callback when a trial starts or ends, and at most
 every ``MIN_INTERVAL_S`` on its reports (a durable replace: local or s3://); emptied when the sweep
-ends. Best effort: a write the storage refuses is skipped with one warning, never stopping the sweep."""
+ends, when the driver also writes how many planned trials did not run (:func:`mark_ended`: a search that
+converged, or a configuration multi-fidelity stopped on its lead seed, leaves planned trials that never
+run, and `dptune status` must not wait for them). Best effort: a write the storage refuses is skipped
+with one warning, never stopping the sweep."""
 from __future__ import annotations
 
 import sys
@@ -52,15 +55,21 @@ class LiveStatus(tune.Callback):
         self.running.clear()
         self._write()
 
-    def _write(self) -> None:
+    def _write(self, **extra: object) -> None:
         """Replace the file; a failed write (the storage unreachable) is reported once and skipped:
         the next one brings the file up to date, and the sweep never stops for it."""
         self._written = time.monotonic()
         try:
             fs, path = filesystem(self.paths.live)
-            write_json(fs, path, {"updated": time.time(), "running": self.running})
+            write_json(fs, path, {"updated": time.time(), "running": self.running, **extra})
         except OSError as exc:
             if not self._warned:
                 self._warned = True
                 print(f"dptune: warning: the live status for `dptune status` could not be written "
                       f"({first_line(exc)}); the sweep goes on", file=sys.stderr)
+
+
+def mark_ended(paths: ExperimentPaths, unrun: int) -> None:
+    """The sweep's driver ended: nothing runs, and ``unrun`` planned trials did not run and will not
+    unless `dptune resume` runs them (the rest of the plan's upper bound was never needed)."""
+    LiveStatus(paths)._write(ended=True, unrun=int(unrun))

@@ -21,6 +21,7 @@ from . import spec_sections  # noqa: F401  (registers the platform's spec sectio
 from .catalog import trainables_catalog
 from .equivalence import EquivalenceLog, write_equivalent_rows
 from .kept import keeping, kept_results
+from .live_status import mark_ended
 from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
 from .durable import read_json, write_json
 from .layout import DEFAULT_SPEC, PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
@@ -173,6 +174,7 @@ def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSea
     release_selections(results, settings.paths.absolute(), out=out)   # private selection: best trial, tested once
     errored = sum(r.error is not None for r in results)  # stopped trials count as finished here
     unrun = searcher.unrun() if searcher is not None else 0
+    mark_ended(settings.paths.absolute(), unrun)
     if unrun:
         print(f"dptune: the plan is not complete: {unrun} planned trial(s) did not run; "
               f"`dptune resume {settings.paths.root}` runs them", file=out)

@@ -36,6 +36,7 @@ class SweepStatus:
     eta_s: float | None   # seconds left at the rate so far (None: no rate yet or nothing left)
     running: int
     pending: int
+    unrun: int = 0        # the driver ended with this many planned trials not run (`dptune resume` runs them)
 
     @property
     def done(self) -> bool:
@@ -55,6 +56,8 @@ class SweepStatus:
         tail = f"trial-epochs {self.spent:g} of at most {self.planned:g} planned ({share:.0%})"
         if self.done:
             tail += "; nothing running or pending"
+            if self.unrun:
+                tail += f"; the sweep stopped with {self.unrun} planned trial(s) not run: `dptune resume` runs them"
         elif self.eta_s is not None:
             tail += f"; ETA ≤ {_duration(self.eta_s)} at the rate so far (the plan is an upper bound)"
         return "\n".join(lines + [tail])
@@ -88,7 +91,9 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
     trials = ResultsStore(paths.store).table("trials") if store_exists else pd.DataFrame()
     epochs = ResultsStore(paths.store).table("epochs") if store_exists else pd.DataFrame()
     live_fs, live_path = filesystem(paths.live)
-    live = (read_json(live_fs, live_path, "the live status") or {}).get("running", {})
+    live_file = read_json(live_fs, live_path, "the live status") or {}
+    live = live_file.get("running", {})
+    ended = bool(live_file.get("ended"))   # the driver ended: the plan's upper bound was all it would run
     plan_fs, plan_path = filesystem(paths.plan)
     started = plan_fs.get_file_info(plan_path).mtime
     rows, spent_total, planned_total, running_total, pending_total = [], 0.0, 0.0, 0, 0
@@ -96,9 +101,9 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
         mine = trials[trials["cell"] == key] if "cell" in trials else trials.iloc[0:0]
         counts = mine["status"].value_counts() if "status" in mine else pd.Series(dtype=int)
         running = [r for r in live.values() if r.get("cell") == key]
-        ended = int(counts.sum())
-        planned = int(cell.get("trials", ended + len(running)))
-        pending = max(planned - ended - len(running), 0)
+        done_trials = int(counts.sum())
+        planned = int(cell.get("trials", done_trials + len(running)))
+        pending = 0 if ended else max(planned - done_trials - len(running), 0)
         spent = float(len(epochs[epochs["trial_id"].isin(mine["trial_id"])])) if len(mine) and "trial_id" in epochs \
             else 0.0
         spent += sum(r.get("epoch", 0) for r in running)
@@ -115,4 +120,4 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
     if elapsed and spent_total > 0 and (running_total or pending_total):
         eta = max(planned_total - spent_total, 0.0) / (spent_total / elapsed)
     return SweepStatus(pd.DataFrame(rows, columns=COLUMNS), spent_total, planned_total, eta, running_total,
-                       pending_total)
+                       pending_total, int(live_file.get("unrun", 0)) if ended else 0)

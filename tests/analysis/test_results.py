@@ -3,7 +3,10 @@ import base64
 import io
 import itertools
 import math
+import os
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -225,3 +228,29 @@ def test_heatmaps_of_a_facet_share_one_colour_scale_and_no_label_overlaps_anothe
     for k, m in itertools.combinations(boxes, 2):
         for a in boxes[k]:
             assert not any(a.overlaps(b) for b in boxes[m]), (k, m)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no headless browser: install chromium")
+def test_the_summary_table_fits_a_1300_pixel_page(tmp_path):
+    """Issue 33, item 7: the report's summary table of a sweep like the default (two ε × two epoch
+    budgets, nine η over three B, reproducible randomness) fits the page at a 1,300-pixel window — its
+    width, measured by headless Chromium, no wider than the box that holds it (no sideways scrolling)."""
+    s = ResultsStore(str(tmp_path / "store"))
+    k = 0
+    for eps, epochs, c, b, m, seed in itertools.product((1.0, 8.0), (1, 16), CS, BS, (0.125, 0.5, 2.0), (0, 1)):
+        k += 1
+        s.write_trial(trial(f"t{k}", epsilon=eps, epochs=epochs, clip_bound=c, batch_size=b,
+                            learning_rate=2 * math.sqrt(b / 128) * m, seed=seed, randomness="reproducible",
+                            accuracy=0.5 + 0.01 * seed))
+    page = tmp_path / "report.html"
+    measure = ("<script>window.addEventListener('load', () => { const t = document.querySelector('#summary + div table');"
+               "document.title = Math.round(t.getBoundingClientRect().width) + ' ' + t.parentElement.clientWidth; });"
+               "</script></body>")
+    page.write_text(build_report(s).replace("</body>", measure))
+    dom = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+                          "--disable-background-networking", "--disable-component-update", "--no-first-run",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1300,2000",
+                          "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)}).stdout
+    width, room = map(int, re.search(r"<title>(\d+) (\d+)</title>", dom).groups())
+    assert 600 < width <= room

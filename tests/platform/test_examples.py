@@ -21,8 +21,9 @@ def test_example_plans_offline(name, monkeypatch):
     path = next(p for p in EXAMPLES if p.name == name)
     plan = plan_sweep(load_spec(path, trainables_catalog()), trainables_catalog(), strict=False)
     assert plan.num_trials > 0 and not plan.empty_cells
-    if name == "minilm_bbc_cpu.yaml":   # CPU-sized: a few dozen short trials, two backbones that differ by weights
-        assert plan.num_trials <= 24 and len({c.cell.backbone for c in plan}) == 2
+    if name == "minilm_bbc_cpu.yaml":   # CPU-sized: a few dozen short trials, two backbones that differ by weights,
+        assert plan.num_trials <= 40 and len({c.cell.backbone for c in plan}) == 2   # η searched (issue 33)
+        assert len(plan.space.learning_rate.multipliers) >= 3
         assert {c.cell.backbone.label for c in plan} == {"all-MiniLM-L6-v2[lora_rank=8,peft=lora]",
                                                          "all-MiniLM-L6-v2[lora_rank=8,peft=lora,weights=random]"}
 
@@ -40,7 +41,7 @@ def test_dptune_plan_sizes_a_dataset_with_options(tmp_path, monkeypatch, capsys)
     for _ in range(2):
         out = io.StringIO()
         assert main(["plan", str(path), "--quiet", "--workers", "1"], out=out) == 0
-        assert f"dataset=bbc_news[max_length=32] (N={n:,})" in out.getvalue()
+        assert f"dataset=bbc_news[max_length=16] (N={n:,})" in out.getvalue()
 
 
 def test_dptune_plan_refuses_a_bad_backbone_option(tmp_path, monkeypatch, capsys):

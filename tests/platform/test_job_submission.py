@@ -94,7 +94,7 @@ def test_readme_job_submission_on_a_local_head(s3, tmp_path):
         # the token by hand: Ray's token loader is a per-process singleton, so a Ray test earlier in
         # this pytest process would have left it holding another cluster's token
         client = JobSubmissionClient(f"http://127.0.0.1:{dashboard}", headers={"Authorization": f"Bearer {token}"})
-        deadline = time.time() + 30
+        deadline = time.time() + 300   # bounds a hang only: under load the agent took more than 30 s
         while True:  # the head's job agent registers a few seconds after `ray start` returns
             try:
                 job = client.submit_job(entrypoint=command, runtime_env={"working_dir": str(work)})

@@ -195,6 +195,11 @@ def test_with_several_seeds_a_configuration_is_stopped_or_kept_on_all_its_seeds(
             assert all('"follower": true' in c for c in followers.config_json)
             assert not any('"follower"' in c for c in group[group.seed == 0].config_json)
     assert set(rows.status) == {"stopped", "finished"}
+    # `dptune status` does not wait for the seeds of stopped configurations: the plan was an upper bound
+    from dptune.platform.sweep_status import read_status
+
+    status = read_status(settings.paths.root)
+    assert status.done and status.pending == 0 and status.unrun == 0 and len(rows) < 3 * plan.num_trials // 3
 
 
 def test_without_a_scheduler_every_trial_finishes(rigged_ray, tmp_path, catalog):
