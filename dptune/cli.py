@@ -458,8 +458,18 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO) -> int:
                              start_local_ray=not args.address,
                              check=lambda s: _refuse_earlier_run(s.paths, overwrite=args.overwrite, out=out))
     settings.verbose = 2 if args.verbose else 0
+    _preload("dptune.analysis.report")   # the closing lines' analysis and figures, imported while trials run
     outcome = run_sweep(plan, settings, address=args.address, out=out)
     return _report_outcome(outcome, out)
+
+
+def _preload(module: str) -> None:
+    """Import ``module`` in a daemon thread: the driver mostly waits on its trials, and the import
+    (matplotlib, scipy.stats: seconds) then no longer stands between the last trial and the answer."""
+    import importlib
+    import threading
+
+    threading.Thread(target=importlib.import_module, args=(module,), name=f"preload {module}", daemon=True).start()
 
 
 def _refuse_earlier_run(paths: "ExperimentPaths", *, overwrite: bool, out: TextIO) -> None:
@@ -519,6 +529,7 @@ def _add_resume(sub: argparse._SubParsersAction) -> None:
 def run_resume_command(args: argparse.Namespace, out: TextIO) -> int:
     from .platform.sweep import resume_sweep
 
+    _preload("dptune.analysis.report")
     outcome = resume_sweep(args.experiment, restart_errored=args.restart_errored, address=args.address, out=out)
     return _report_outcome(outcome, out)
 
