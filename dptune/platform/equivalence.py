@@ -69,9 +69,10 @@ def write_equivalent_rows(paths: ExperimentPaths) -> int:
 
 
 def _plain(value: object) -> object:
-    """numpy scalars and arrays from a frame back to Python values (NaN → None)."""
+    """numpy scalars and arrays from a frame back to Python values (NaN, NaT and pandas' NA of a
+    nullable column, e.g. a full-scale run's ``proxy_divisor`` beside proxies → None)."""
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, float) and value != value:
         return None
-    return None if value is pd.NaT else value
+    return None if value is pd.NaT or value is pd.NA else value

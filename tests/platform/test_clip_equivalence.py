@@ -160,3 +160,28 @@ def test_auto_s_update_does_not_depend_on_the_clip():
                   progress=False)[-1] for c in (0.1, 10.0)]
     assert runs[0]["test_accuracy"] == runs[1]["test_accuracy"] and \
         math.isclose(runs[0]["test_loss"], runs[1]["test_loss"], rel_tol=1e-5)
+
+
+def test_an_equivalent_of_a_full_scale_run_beside_proxies_is_stored(tmp_path):
+    """Beside proxy runs the store reads ``proxy_divisor`` as a nullable integer column, so the
+    full-scale source's value is pandas' NA: its equivalent must still be written (Arrow refuses NA)."""
+    from dptune.platform.equivalence import EquivalenceLog, write_equivalent_rows
+    from dptune.platform.layout import ExperimentPaths
+    from dptune.platform.store import ResultsStore
+    import pandas as pd
+
+    paths = ExperimentPaths(str(tmp_path / "exp"))
+    store = ResultsStore(paths.store)
+    base = {"experiment": "e", "cell": "c", "clip_bound": 1.0, "batch_size": 64, "learning_rate": 0.1,
+            "accuracy": 0.7, "epsilon": 1.0}
+    store.write_trial({**base, "trial_id": "proxy", "status": "proxy", "proxy_divisor": 2, "full_batch_size": 64},
+                      [{"epoch": 1, "accuracy": 0.6}])
+    store.write_trial({**base, "trial_id": "full", "status": "finished", "proxy_divisor": None,
+                       "full_batch_size": None}, [{"epoch": 1, "accuracy": 0.7}])
+    EquivalenceLog(paths)([{"source": "full", "config": {"clip_bound": 0.1, "batch_size": 64, "learning_rate": 0.1,
+                                                         "cell": "c", "seed": 0}}])
+    assert write_equivalent_rows(paths) == 1
+    rows = ResultsStore(paths.store).table("trials").set_index("trial_id")
+    eq = rows.loc["full-C0.1"]
+    assert eq.status == "equivalent" and eq.clip_bound == 0.1 and eq.accuracy == 0.7
+    assert pd.isna(eq.proxy_divisor)
