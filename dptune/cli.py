@@ -71,7 +71,7 @@ def _train_flag(field: dataclasses.Field, annotation: object) -> tuple[tuple[str
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from .trainables.config import TrainConfig
+    from .schema import TrainConfig
 
     p = sub.add_parser("train", help="one DP training run, without Ray",
                        description="Train one model with DP-SGD / DP-Adam and print accuracy, loss and ε spent "
@@ -92,7 +92,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm.auto import tqdm
 
-    from .trainables.config import TrainConfig
+    from .schema import TrainConfig
     from .privacy.randomness_modes import RANDOMNESS_LABELS
     from .trainables.training import Trainer
 
@@ -225,6 +225,31 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         print(f"dptune plan: error: {len(plan.empty_cells)} cell(s) keep no batch size; the sweep would refuse "
               "this spec", file=sys.stderr)
         return EXIT_USAGE
+    return EXIT_OK
+
+
+def _add_schema(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("schema", help="print the JSON Schema of a sweep spec (for editors)",
+                       description="Print the JSON Schema of a sweep spec: every section with its summary and the "
+                                   "trial options typed from the trial schema (their names, types, defaults and "
+                                   "help). Point an editor at it to complete and check a spec as it is typed, e.g. "
+                                   "`dptune schema --out dptune-spec.json` and, as a spec's first line, "
+                                   "`# yaml-language-server: $schema=dptune-spec.json` (VS Code's YAML extension).")
+    p.add_argument("--out", metavar="FILE", help="write it to FILE [standard output]")
+    p.set_defaults(handler=run_schema)
+
+
+def run_schema(args: argparse.Namespace, out: TextIO) -> int:
+    from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
+    from .search_spaces.spec_schema import spec_json_schema
+
+    text = json.dumps(spec_json_schema(), indent=1, ensure_ascii=False)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        print(f"wrote {args.out}", file=out)
+    else:
+        print(text, file=out)
     return EXIT_OK
 
 
@@ -458,18 +483,8 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO) -> int:
                              start_local_ray=not args.address,
                              check=lambda s: _refuse_earlier_run(s.paths, overwrite=args.overwrite, out=out))
     settings.verbose = 2 if args.verbose else 0
-    _preload("dptune.analysis.report")   # the closing lines' analysis and figures, imported while trials run
     outcome = run_sweep(plan, settings, address=args.address, out=out)
     return _report_outcome(outcome, out)
-
-
-def _preload(module: str) -> None:
-    """Import ``module`` in a daemon thread: the driver mostly waits on its trials, and the import
-    (matplotlib, scipy.stats: seconds) then no longer stands between the last trial and the answer."""
-    import importlib
-    import threading
-
-    threading.Thread(target=importlib.import_module, args=(module,), name=f"preload {module}", daemon=True).start()
 
 
 def _refuse_earlier_run(paths: "ExperimentPaths", *, overwrite: bool, out: TextIO) -> None:
@@ -529,7 +544,6 @@ def _add_resume(sub: argparse._SubParsersAction) -> None:
 def run_resume_command(args: argparse.Namespace, out: TextIO) -> int:
     from .platform.sweep import resume_sweep
 
-    _preload("dptune.analysis.report")
     outcome = resume_sweep(args.experiment, restart_errored=args.restart_errored, address=args.address, out=out)
     return _report_outcome(outcome, out)
 
@@ -565,7 +579,7 @@ def run_status(args: argparse.Namespace, out: TextIO) -> int:
 
 COMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (
     _add_train, _add_plan, _add_sweep, _add_resume, _add_status, _add_query, _add_compact, _add_heatmap, _add_report,
-    _add_optimal_clip, _add_export, _add_audit)
+    _add_optimal_clip, _add_export, _add_audit, _add_schema)
 
 
 def build_parser() -> argparse.ArgumentParser:

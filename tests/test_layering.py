@@ -1,6 +1,7 @@
 """The packages depend on each other one way, and no package imports itself in a circle.
 
-``privacy`` is the root; ``trainables`` and ``search_spaces`` use it and not each other; only
+``privacy`` is the root; the trial schema (``schema``) uses only it; ``trainables`` and
+``search_spaces`` use both and not each other; only
 ``platform`` touches Ray; ``analysis`` reads the store and uses ``privacy`` and the search
 spaces' pure rules. Checked on the source (every import statement, also those inside functions
 and under ``TYPE_CHECKING``) and, for what an import really pulls in, in a fresh interpreter.
@@ -62,6 +63,8 @@ def within(name: str, prefixes: set[str]) -> bool:
 FORBIDDEN = {
     "privacy": {"torch", "ray", "dptune.trainables", "dptune.search_spaces", "dptune.platform",
                 "dptune.analysis", "dptune.cli"},
+    "schema": {"torch", "ray", "dptune.trainables", "dptune.search_spaces", "dptune.platform", "dptune.analysis",
+               "dptune.cli"},
     "search_spaces": {"ray", "dptune.trainables", "dptune.platform", "dptune.analysis", "dptune.cli"},
     "analysis": {"ray", "torch", "dptune.trainables", "dptune.cli"},
 }
@@ -75,7 +78,7 @@ def test_package_imports_only_what_its_layer_allows(package):
 
 
 def test_analysis_uses_only_privacy_the_store_reader_and_pure_search_space_rules():
-    allowed = {"dptune.privacy", "dptune.search_spaces", "dptune.platform.store", "dptune.platform.layout",
+    allowed = {"dptune.privacy", "dptune.schema", "dptune.search_spaces", "dptune.platform.store", "dptune.platform.layout",
                "dptune.analysis", "dptune.errors", "dptune.registry"}   # the last two: standard library only
     bad = [(path.name, name) for path in package_files("analysis") for name in imports(path)
            if name.startswith("dptune") and not within(name, allowed)]
@@ -105,7 +108,7 @@ def cycles(package: str) -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("package", ["privacy", "trainables", "search_spaces", "platform", "analysis"])
+@pytest.mark.parametrize("package", ["privacy", "schema", "trainables", "search_spaces", "platform", "analysis"])
 def test_no_import_cycles_inside_the_package(package):
     assert cycles(package) == []
 

@@ -19,14 +19,16 @@ import pandas as pd
 from ..errors import UserError
 from ..platform.store import ResultsStore
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
+from ..schema import FIELDS, names
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
-#: Training options that split cells when they vary within a store (NULL means the default).
-OPTION_COLUMNS = ("delta", "optimizer", "momentum", "clip_fn", "norm_estimator", "sketch_k", "denoise",
-                  "denoise_kappa", "denoise_norm_correction", "denoise_scope", "peft")
-HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate")
-#: δ = 1e-5 unless set (a NULL delta in the store is the default).
-DEFAULT_DELTA = 1e-5
+#: Training options that split cells when they vary within a store (NULL means the default): the
+#: trial schema's fields declared ``cell``.
+OPTION_COLUMNS = names(cell=True)
+#: What every cell searches: (C, B, η).
+HYPERPARAMETERS = names(role="hyperparameter")
+#: The schema's δ unless set (a NULL delta in the store is the default).
+DEFAULT_DELTA = FIELDS["delta"].default
 DEFAULT_LABEL = "default"
 
 

@@ -26,12 +26,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..schema import names
+
 if TYPE_CHECKING:
     from .results import Sweep
 
 #: Level of the paired one-sided test (and 1 − the interval's confidence).
 ALPHA = 0.05
-SETTING = ["clip_bound", "batch_size", "learning_rate"]
+#: A configuration of a cell: the trial schema's hyperparameters (C, B, η).
+SETTING = list(names(role="hyperparameter"))
 SINGLE_SEED = ("one seed per setting: no error bars — the optimum cannot be told from its neighbours "
                "(run several seeds, e.g. `seeds: [0, 1, 2]`)")
 

@@ -1,7 +1,7 @@
 """What this build can train, for validating sweep specs (the bridge from trainables to search_spaces).
 
 Built from the trainer's torch-free declarations (:mod:`dptune.trainables.registries`, whose entries
-are imported on first use, and :mod:`dptune.trainables.config`), so validating and planning a spec
+are imported on first use) and the trial schema (:mod:`dptune.schema`), so validating and planning a spec
 imports no torch: a model or dataset module is loaded only to check options given to it, and a
 dataset only when its size cannot be counted from metadata.
 """
@@ -14,7 +14,7 @@ from ..errors import UserError
 from ..registry import check_options
 from ..search_spaces import Catalog
 from ..search_spaces.search_sections import BACKBONE_FIELDS, DATASET_OPTIONS
-from ..trainables.config import check_option
+from ..schema import check_option
 from ..trainables.data import train_size
 from ..trainables.registries import DATASETS, MODELS
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError, NotFound
-from ..trainables.config import TrainConfig
+from ..schema import TrainConfig
 from ..trainables.batching import to_device
 from ..trainables.splits import take
 from ..trainables.per_sample import VmapNormEngine

@@ -13,6 +13,7 @@ import time
 
 from ray import tune
 
+from ..schema import names
 from .durable import write_json
 from .layout import ExperimentPaths, filesystem
 from .store import first_line
@@ -32,10 +33,9 @@ class LiveStatus(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
         config = trial.config
-        self.running[trial.trial_id] = {"cell": config.get("cell"), "clip_bound": config.get("clip_bound"),
-                                        "batch_size": config.get("batch_size"),
-                                        "learning_rate": config.get("learning_rate"), "epoch": 0,
-                                        "started": time.time()}
+        self.running[trial.trial_id] = {"cell": config.get("cell"),
+                                        **{k: config.get(k) for k in names(role="hyperparameter")},
+                                        "epoch": 0, "started": time.time()}
         self._write()
 
     def on_trial_result(self, iteration: int, trials: list, trial: "tune.experiment.Trial", result: dict,

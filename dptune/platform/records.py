@@ -3,23 +3,25 @@ from __future__ import annotations
 
 import math
 
-from ..trainables.config import LOSS_OF
+from ..schema import METRICS, names
 from .store import to_json
 
-AXES = ("dataset", "model", "epsilon", "delta", "epochs")
-HYPERPARAMETERS = ("clip_bound", "batch_size", "learning_rate", "optimizer", "momentum", "clip_fn",
-                   "norm_estimator", "sketch_k", "denoise", "denoise_kappa", "denoise_norm_correction",
-                   "denoise_scope", "peft", "seed", "randomness")
+#: The trial schema's axes, and its other fields the store keeps as columns (C, B, η, the options
+#: that split cells, the seed, the randomness mode).
+AXES = names(role="axis")
+HYPERPARAMETERS = tuple(name for name in names(column=True) if name not in AXES)
 SELECTION_FIELDS = ("selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
 EPOCH_FIELDS = ("epoch", "step", "epsilon_spent", "clipped_fraction", "train_time_s")
 
 
 def selected_on(metrics: dict, metric: str) -> dict:
     """``accuracy`` and ``loss`` of a row: the sweep's ``metric`` (what it selected on, named in the
-    ``metric`` column) and that metric's loss, so the analysis reads one column whatever the sweep
-    compared: test accuracy, validation accuracy (NOT private) or private selection's noisy score."""
-    loss = LOSS_OF[metric]
-    return {"metric": metric, "accuracy": metrics.get(metric), "loss": None if loss is None else metrics.get(loss)}
+    ``metric`` column, its direction in ``metric_mode``: ``max`` or ``min``) and that metric's loss,
+    so the analysis reads one column whatever the sweep compared: test accuracy, validation accuracy
+    (NOT private) or private selection's noisy score."""
+    declared = METRICS[metric]
+    return {"metric": metric, "metric_mode": declared.mode, "accuracy": metrics.get(metric),
+            "loss": None if declared.loss is None else metrics.get(declared.loss)}
 
 
 def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, error: str | None = None,

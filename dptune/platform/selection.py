@@ -23,7 +23,7 @@ from .tune_adapter import checkpoint_state
 
 def selected_test_accuracy(state: dict) -> float:
     """Test accuracy of the model in a trial's final checkpoint state (rebuilt from its config)."""
-    from ..trainables.config import TrainConfig
+    from ..schema import TrainConfig
     from ..trainables.training import Trainer, evaluate   # torch: only where a release is tested
 
     trainer_state = state["trainer"]

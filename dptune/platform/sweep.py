@@ -88,8 +88,8 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     Trials get flat configs (:mod:`.trial_config`); the spec's scheduler, if any, stops hopeless
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
     start_ray(address)
-    scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode="max")
-    searcher = SweepSearcher(plan, metric=plan.metric, mode="max", on_equivalent=EquivalenceLog(settings.paths.absolute()))
+    scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode=plan.mode)
+    searcher = SweepSearcher(plan, metric=plan.metric, mode=plan.mode, on_equivalent=EquivalenceLog(settings.paths.absolute()))
     tuner = tune.Tuner(
         resourced(settings) if trainable is None else resourced(settings, trainable),
         tune_config=tune.TuneConfig(search_alg=searcher,

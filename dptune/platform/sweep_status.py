@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from ..errors import UserError
+from ..schema import names
 from .durable import read_json
 from .layout import ExperimentPaths, filesystem
 from .store import ResultsStore
@@ -23,7 +24,8 @@ COLUMNS = ("cell", "finished", "running", "pending", "stopped", "errored", "best
 #: Statuses whose accuracy is a whole run's (a clip-equivalent trial has its source's): what the
 #: sweep's closing lines, ``optima.csv`` and the report average over seeds.
 COMPLETE = ("finished", "equivalent")
-SETTING = ["clip_bound", "batch_size", "learning_rate"]
+#: What each cell searches (the trial schema's hyperparameters: C, B, η).
+SETTING = list(names(role="hyperparameter"))
 
 
 @dataclass

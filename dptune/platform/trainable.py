@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..errors import UserError
 from ..timeline import mark
-from ..trainables.config import LOSS_OF
+from ..schema import LOSS_OF
 from ..trainables.training import Trainer
 from . import tune_adapter
 from .trial_config import plan_figures, train_config

@@ -14,7 +14,7 @@ private-selection figures)::
 from __future__ import annotations
 
 from ..search_spaces.planner import PLAN_FIELDS
-from ..trainables.config import TrainConfig
+from ..schema import TrainConfig
 
 
 def train_options(config: dict) -> dict:

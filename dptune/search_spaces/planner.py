@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UserError, NotFound
+from ..schema import METRICS, PLAN_FIGURES
 from .batches import COLUMNS, Row, batch_rows, candidate_rows, rows_frame, spread
 from .levers import decision_steps, halving_steps, with_levers
 from .noise_table import NoiseRequest, calibrate_many
@@ -34,18 +35,9 @@ from .proxy import MIN_PROXY_SIGMA, ProxyRun, auto_divisor, proxy_run
 from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
 from .spec import Catalog, Spec
 
-#: Keys of a trial config that are the plan's figures, not training options (``backbone_label`` /
-#: ``dataset_label``: the axis values with their options, as the cell names them). Under private
-#: selection (``selection.mode: private``): K drawn in the cell, this trial's draw (0-based), the
-#: per-trial ε (training + noisy score) and the repeat-and-select total, both at the cell's δ.
-#: Proxy runs (``search.proxy``, :mod:`.proxy`): the divisor k and the full-scale B the proxy stands for;
-#: ``final`` marks the full-scale run of the configuration a proxy search chose (the cell's answer).
-#: ``metric`` names the trial metric the search, the scheduler and the store's ``accuracy`` column
-#: use (:meth:`SweepPlan.metric`). ``follower`` marks a seed that runs because its configuration's lead
-#: seed passed every rung of the scheduler (:meth:`CellPlan.lead_seed_first`): the scheduler leaves it alone.
-PLAN_FIELDS = ("cell", "metric", "sample_rate", "steps", "noise_sqrt_steps", "lr_multiplier", "backbone_label",
-               "dataset_label", "selection_k", "selection_draw", "trial_epsilon", "total_epsilon",
-               "proxy_divisor", "full_batch_size", "final", "follower")
+#: Keys of a trial config that are the plan's figures, not training options (declared with the
+#: trial schema: :data:`dptune.schema.PLAN_FIGURES`, each with what it holds).
+PLAN_FIELDS = tuple(PLAN_FIGURES)
 
 
 @dataclass(frozen=True)
@@ -383,6 +375,11 @@ class SweepPlan:
     def metric(self) -> str:
         """The trial metric the search and the scheduler compare (``Selection.metric``)."""
         return self.space.selection.metric
+
+    @property
+    def mode(self) -> str:
+        """``max`` or ``min``: the direction of :attr:`metric` (declared in ``dptune.schema.METRICS``)."""
+        return METRICS[self.metric].mode
 
     @property
     def expected_cost(self) -> tuple[float, float]:

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..privacy.validation import check_estimator
+from ..schema import FIELDS, names
 from .batches import MIN_STEPS, PLATEAU_TOL
 from .proxy import MIN_PROXY_SIGMA
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
@@ -39,22 +40,17 @@ from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, o
 ALGORITHMS = ("grid", "random", "optuna")
 #: What an early-stopping scheduler compares a trial with: the cell's trials of the same B, or all of them.
 SCHEDULER_GROUPS = ("batch_size", "cell")
-#: Trial options a spec may set; each must also be a field of the trainer's config.
-TRIAL_OPTIONS = ("optimizer", "momentum", "weight_decay", "clip_fn", "norm_estimator", "sketch_k", "denoise",
-                 "denoise_kappa", "denoise_norm_correction", "denoise_scope", "diagnostics",
-                 "peft", "max_physical_batch_size", "device", "model_options", "randomness")
+#: Trial options a spec may set (the trial schema's fields with ``spec=("trial",)``).
+TRIAL_OPTIONS = names(spec="trial")
 #: Trial options that may be given a list of values, e.g. ``trial: {denoise: [null, rmt]}``: each value
 #: is a search dimension; every cell is split into one sub-cell per combination (its key ends in
 #: ``/denoise=rmt``), each with its own (C, B, η) search, budget and optimum, all counted by the plan.
-SEARCHED_OPTIONS = ("clip_fn", "norm_estimator", "denoise", "denoise_kappa", "denoise_norm_correction",
-                    "denoise_scope")
-
-
+SEARCHED_OPTIONS = names(searched=True)
 #: Dataset options an axis value may set (the trainer's config fields that reach the loader).
-DATASET_OPTIONS = ("data_dir", "max_length")
+DATASET_OPTIONS = names(spec="dataset")
 #: Backbone options that are trainer config fields; every other backbone option is a model option
 #: (``model_options``: LoRA rank, ``img_size``, attention, architecture overrides).
-BACKBONE_FIELDS = ("peft", "weights")
+BACKBONE_FIELDS = names(spec="backbone")
 
 
 @dataclass(frozen=True)
@@ -360,7 +356,7 @@ def parse_axes(value: Any, catalog: Catalog) -> Axes:
         _check_options(catalog.check_backbone, "backbone", b, path)
     return Axes(
         epsilon=one_or_many(raw["epsilon"], "axes.epsilon", _epsilon),
-        delta=one_or_many(raw.get("delta", 1e-5), "axes.delta", lambda v, p: number(v, p, gt=0, lt=1)),
+        delta=one_or_many(raw.get("delta", FIELDS["delta"].default), "axes.delta", lambda v, p: number(v, p, gt=0, lt=1)),
         backbone=backbones,
         dataset=one_or_many(raw["dataset"], "axes.dataset", _axis_value),
         epochs=one_or_many(raw["epochs"], "axes.epochs", _positive),

@@ -1,7 +1,7 @@
 """DP training without Ray: engine, per-sample norms, models, data, one run (Ray Tune trainable: platform.trainable).
 
 The public names below are imported on first use (PEP 562), so importing a light submodule
-(``dptune.trainables.config``, ``.names``) does not pull in torch.
+(``dptune.trainables.config``, ``.registries``) does not pull in torch.
 """
 from __future__ import annotations
 

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 import torch
 
 from ..errors import UserError
-from .config import FIELDS, check_option
-from .registries import DENOISE_SCOPES
+from ..schema import FIELDS, check_option
+from ..schema.option_registries import DENOISE_SCOPES
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
+    from ..schema import TrainConfig
     from .engine import DPStep
 
 #: Gate factor κ of the paper (denoise only if λ̃₁ > κ·s(√m+√n)): the default of the trial option.
@@ -283,7 +283,7 @@ class RMTDenoiser:
 
     def __init__(self, *, kappa: float = DEFAULT_KAPPA, norm_correction: bool = True, scope: str = "all") -> None:
         for name, value in (("denoise_kappa", kappa), ("denoise_norm_correction", norm_correction)):
-            check_option(name, value)   # the trial options' rules (trainables/config.py)
+            check_option(name, value)   # the trial options' rules (dptune/schema/trial.py)
         self.kappa, self.norm_correction, self.scope = float(kappa), bool(norm_correction), scope
         self.in_scope = DENOISE_SCOPES.get(scope)
 

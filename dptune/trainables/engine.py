@@ -33,11 +33,11 @@ from torch import nn
 from ..errors import UserError
 from ..privacy.validation import check_estimator
 from .batching import Inputs, batch_len, micro_batches, select_rows
-from .config import check_option
+from ..schema import check_option
 from .noise import GaussianNoise
 from .per_sample import LossFn, check_model, trainable_parameters
 from .randomness import Stream
-from .registries import CLIP_FNS, DENOISERS, DIAGNOSTICS, NORM_ENGINES
+from ..schema.option_registries import CLIP_FNS, DENOISERS, DIAGNOSTICS, NORM_ENGINES
 
 Sums = dict[str, torch.Tensor]
 
@@ -88,7 +88,7 @@ class DPEngine:
                  all_reduce: Callable[[Sums], Sums] | None = None) -> None:
         for name, value in (("clip_bound", clip_bound), ("noise_multiplier", noise_multiplier),
                             ("clip_fn", clip_fn), ("max_physical_batch_size", max_physical_batch_size)):
-            check_option(name, value)   # the trainer's own rule for each (trainables/config.py)
+            check_option(name, value)   # the trainer's own rule for each (dptune/schema/trial.py)
         if not expected_batch_size > 0:
             raise UserError(f"expected_batch_size must be > 0; got {expected_batch_size!r}")
         check_model(model)

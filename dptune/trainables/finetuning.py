@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 from torch import nn
 
 from ..errors import UserError
-from .registries import PEFT_METHODS
+from ..schema.option_registries import PEFT_METHODS
 
 #: Normalisation layers whose affine parameters FiLM trains. Library-specific norms that do not
 #: subclass these (timm RmsNorm, Llama-style RMSNorm, …) are matched by class-name suffix.

@@ -6,7 +6,7 @@ from typing import Iterable
 import torch
 
 from ..errors import UserError
-from .registries import OPTIMIZERS
+from ..schema.option_registries import OPTIMIZERS
 
 
 def sgd(params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float,

@@ -2,10 +2,10 @@
 
 Entries are lazy (``"module:attr"``, imported on first :meth:`~dptune.registry.Registry.get`, as
 transformers' auto mappings are), so this module imports neither torch nor any implementation:
-``dptune --help``, ``TrainConfig`` and a spec's validation read the names from here, and a
-registry's name list is written once, beside where its entries live. Adding an optimizer, a
-clipping function, a norm estimator (with its accountant in ``privacy``), a denoiser, a
-diagnostic, a model or a dataset is one line here and its implementation in its own module.
+``dptune --help`` and a spec's validation read the names from here. The registries of the trial
+options (optimizer to peft) are declared with the trial schema (:mod:`dptune.schema.option_registries`)
+and re-exported here; the models' and datasets' are declared here. Adding a model or a dataset is
+one line here and its implementation in its own module.
 
 =================  ===================  ===============================================
 registry           ``kind`` (the field)  entries
@@ -25,39 +25,12 @@ registry           ``kind`` (the field)  entries
 """
 from __future__ import annotations
 
-from ..privacy.randomness_modes import RANDOMNESS  # noqa: F401  (the randomness modes; the first is the default)
 from ..registry import Registry
+from ..schema.option_registries import (CLIP_FNS, DENOISE_SCOPES, DENOISERS, DIAGNOSTICS,  # noqa: F401
+                                        NORM_ENGINES, OPTIMIZERS, PEFT_METHODS, RANDOMNESS)
 from .data_sources import EMBEDDED_FILES, HF_SOURCES
 
 _T = "dptune.trainables."
-
-OPTIMIZERS: Registry = Registry("optimizer")
-for _name in ("sgd", "adam", "adamw"):
-    OPTIMIZERS.register_lazy(_name, f"{_T}optimizers:{_name}")
-
-CLIP_FNS: Registry = Registry("clip_fn")
-CLIP_FNS.register_lazy("flat", f"{_T}clip_factors:flat_clip")
-CLIP_FNS.register_lazy("auto_s", f"{_T}clip_factors:auto_s_clip")
-
-#: The book-keeping hook engine with the exact (ghost / materialised) weight norms or a randomised
-#: estimator. Every entry needs an accountant of the same name (``privacy.mechanisms``).
-NORM_ENGINES: Registry = Registry("norm_estimator")
-for _name, _weights in (("exact", "ghost"), ("hutchinson", "hutchinson"), ("hutchpp", "hutchpp")):
-    NORM_ENGINES.register_lazy(_name, f"{_T}book_keeping:BookKeepingEngine", estimator=_weights)
-
-DENOISERS: Registry = Registry("denoise")
-DENOISERS.register_lazy("rmt", f"{_T}denoise:RMTDenoiser")
-
-DENOISE_SCOPES: Registry = Registry("denoise_scope")
-DENOISE_SCOPES.register_lazy("all", f"{_T}denoise:every_matrix")
-DENOISE_SCOPES.register_lazy("lora", f"{_T}denoise:lora_factors")
-
-DIAGNOSTICS: Registry = Registry("diagnostics")
-DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}denoise:CosineDiagnostic")
-
-
-#: What ``peft`` may train (``finetuning.apply_peft`` implements each).
-PEFT_METHODS = ("film", "lora", "head", "full")
 
 #: Pretrained ViTs of "On optimal hyperparameters for DP deep transfer learning" (timm names).
 PAPER_VITS = ("vit_base_patch16_224.augreg_in21k", "vit_tiny_patch16_224.augreg_in21k")

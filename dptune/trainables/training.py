@@ -26,7 +26,7 @@ from ..privacy.schedule import accounted_steps, epoch_end_steps, num_steps, samp
 from ..registry import check_options
 from ..timeline import mark
 from .batching import model_outputs, to_device
-from .config import TrainConfig
+from ..schema import TrainConfig
 from .data import DATASETS, load_dataset
 from .splits import DatasetSplits, take
 from .splits import with_validation
@@ -36,7 +36,7 @@ from .frozen_features import head_on_features
 from .models import create_model, data_options, parameter_summary
 from .norm_stats import class_norm_statistics
 from .optimizers import make_optimizer
-from .registries import DENOISERS, DIAGNOSTICS
+from ..schema.option_registries import DENOISERS, DIAGNOSTICS
 from .randomness import STREAMS, new_secret, stream
 from .sampling import PoissonSampler
 

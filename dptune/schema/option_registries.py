@@ -1,0 +1,41 @@
+"""The registries of the trainer's options: the names a trial option may take, and where each lives.
+
+Lazy entries (``"module:attr"``, imported on first :meth:`~dptune.registry.Registry.get`), so the
+schema knows every allowed name without importing torch or the trainer; the models' and datasets'
+registries stay with the trainer (``dptune.trainables.registries``), which re-exports these.
+Adding an optimizer, a clipping function, a norm estimator (with its accountant in ``privacy``), a
+denoiser or a diagnostic is one line here and its implementation in its own module.
+"""
+from __future__ import annotations
+
+from ..privacy.randomness_modes import RANDOMNESS  # noqa: F401  (the randomness modes; the first is the default)
+from ..registry import Registry
+
+_T = "dptune.trainables."
+
+OPTIMIZERS: Registry = Registry("optimizer")
+for _name in ("sgd", "adam", "adamw"):
+    OPTIMIZERS.register_lazy(_name, f"{_T}optimizers:{_name}")
+
+CLIP_FNS: Registry = Registry("clip_fn")
+CLIP_FNS.register_lazy("flat", f"{_T}clip_factors:flat_clip")
+CLIP_FNS.register_lazy("auto_s", f"{_T}clip_factors:auto_s_clip")
+
+#: The book-keeping hook engine with the exact (ghost / materialised) weight norms or a randomised
+#: estimator. Every entry needs an accountant of the same name (``privacy.mechanisms``).
+NORM_ENGINES: Registry = Registry("norm_estimator")
+for _name, _weights in (("exact", "ghost"), ("hutchinson", "hutchinson"), ("hutchpp", "hutchpp")):
+    NORM_ENGINES.register_lazy(_name, f"{_T}book_keeping:BookKeepingEngine", estimator=_weights)
+
+DENOISERS: Registry = Registry("denoise")
+DENOISERS.register_lazy("rmt", f"{_T}denoise:RMTDenoiser")
+
+DENOISE_SCOPES: Registry = Registry("denoise_scope")
+DENOISE_SCOPES.register_lazy("all", f"{_T}denoise:every_matrix")
+DENOISE_SCOPES.register_lazy("lora", f"{_T}denoise:lora_factors")
+
+DIAGNOSTICS: Registry = Registry("diagnostics")
+DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}denoise:CosineDiagnostic")
+
+#: What ``peft`` may train (``finetuning.apply_peft`` implements each).
+PEFT_METHODS = ("film", "lora", "head", "full")
