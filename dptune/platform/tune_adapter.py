@@ -11,6 +11,7 @@ from typing import Any
 
 from ray import tune
 
+from .faults import fault_point
 from .ray_setup import quiet_trial_logs
 
 STATE_FILE = "state.pt"
@@ -27,6 +28,7 @@ def report(metrics: dict, state: dict | None = None) -> None:
     with tempfile.TemporaryDirectory() as directory:
         torch.save(state, os.path.join(directory, STATE_FILE))
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+    fault_point("trial_checkpointed")
 
 
 def train_report(metrics: dict, state: dict | None = None) -> None:
@@ -43,6 +45,7 @@ def train_report(metrics: dict, state: dict | None = None) -> None:
     with tempfile.TemporaryDirectory() as directory:
         torch.save(state, os.path.join(directory, STATE_FILE))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+    fault_point("train_checkpointed")
 
 
 def restore_state() -> dict[str, Any] | None:

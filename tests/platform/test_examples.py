@@ -1,11 +1,17 @@
-"""Every example spec validates against this build and plans offline (issue 12, item 5)."""
+"""Every example spec validates against this build and plans offline, and plans what its YAML
+says (issue 12, item 5; issue 34): cells, C, B, η and seeds read from the YAML here, independently."""
+import itertools
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
 
 from dptune.platform import spec_sections  # noqa: F401  (registers the platform's sections)
 from dptune.platform.catalog import trainables_catalog
 from dptune.search_spaces import load_spec, plan_sweep
+from dptune.search_spaces.search_sections import SEARCHED_OPTIONS
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -15,12 +21,55 @@ def test_example_validates(path):
     load_spec(path, trainables_catalog())
 
 
-@pytest.mark.parametrize("name", ["bert_lora_text.yaml", "wrn16_4_scratch.yaml", "minilm_bbc_cpu.yaml"])
-def test_example_plans_offline(name, monkeypatch):
+def _listed(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _sub_cells(trial: dict) -> set:
+    """The distinct combinations of the searched trial options (a list of values is searched); the
+    denoiser's settings mean nothing without a denoiser, so those combinations are one."""
+    searched = {k: v for k, v in trial.items() if isinstance(v, list) and k in SEARCHED_OPTIONS}
+    combos = set()
+    for values in itertools.product(*searched.values()):
+        combo = dict(zip(searched, values))
+        if combo.get("denoise", trial.get("denoise")) is None:
+            combo = {k: v for k, v in combo.items() if not k.startswith("denoise_")}
+        combos.add(tuple(sorted(combo.items())))
+    return combos
+
+
+def _clip_grid(value) -> list[float]:
+    if isinstance(value, dict):   # {min, max, num}: log-spaced
+        return list(np.geomspace(value["min"], value["max"], value["num"]))
+    return [float(c) for c in _listed(value)]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_plans_offline_what_its_yaml_says(path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    path = next(p for p in EXAMPLES if p.name == name)
+    name = path.name
+    raw = yaml.safe_load(path.read_text())
     plan = plan_sweep(load_spec(path, trainables_catalog()), trainables_catalog(), strict=False)
     assert plan.num_trials > 0 and not plan.empty_cells
+    axes = raw["axes"]
+    expected_cells = math.prod(len(_listed(axes.get(k, 1e-5 if k == "delta" else None)))
+                               for k in ("epsilon", "delta", "backbone", "dataset", "epochs"))
+    assert len(plan.cells) == expected_cells * len(_sub_cells(raw.get("trial", {})))
+    assert {float(c.cell.epsilon) for c in plan} == {float(e) for e in _listed(axes["epsilon"])}
+    clips, batches = _clip_grid(raw["clip_bound"]), [int(b) for b in _listed(raw["batch_size"])]
+    lr = raw["learning_rate"]
+    etas = {m: lr["reference"] * m for m in lr.get("multipliers", [1])}
+    seeds = set(_listed(raw.get("seeds", [0])))
+    drawn_later = raw.get("search", {}).get("algorithm") == "optuna" or raw.get("selection", {}).get("mode") == "private"
+    trials = [] if drawn_later else plan.trials()   # Optuna proposes, private selection draws K, as the sweep runs
+    for t in trials:
+        full_b = t.get("full_batch_size") or t["batch_size"]   # a proxy run stands for a full-scale B
+        assert full_b in batches and t["seed"] in seeds, t
+        assert any(math.isclose(t["clip_bound"], c, rel_tol=1e-9) for c in clips), t
+        assert any(math.isclose(t["learning_rate"], eta * math.sqrt(full_b / lr["reference_batch_size"]),
+                                rel_tol=1e-9) for eta in etas.values()), t
+    for cell in plan:   # every cell searches some of the spec's batch sizes
+        assert cell.searched_batch_sizes and set(cell.searched_batch_sizes) <= set(batches)
     if name == "minilm_bbc_cpu.yaml":   # CPU-sized: a few dozen short trials, two backbones that differ by weights,
         assert plan.num_trials <= 40 and len({c.cell.backbone for c in plan}) == 2   # η searched (issue 33)
         assert len(plan.space.learning_rate.multipliers) >= 3

@@ -5,6 +5,7 @@ working_dir = a folder holding the spec), the store checked on the local S3 serv
 
 The head is stopped by killing the processes of its own temporary folder, not by `ray stop`,
 which stops every Ray instance of the user on the machine."""
+import asyncio
 import importlib.util
 import os
 import re
@@ -62,6 +63,12 @@ def stop_head(temp_dir: str) -> None:
 IN_PROCESS_RAY = ("RAY_CLIENT_MODE", "PYTHONBREAKPOINT", "RAY_USAGE_STATS_ENABLED", "RAY_ADDRESS")
 
 
+async def _until_the_job_ends(client, job: str) -> None:
+    """Read the job's log stream to its end: Ray closes it when the job stops, however long it ran."""
+    async for _ in client.tail_job_logs(job):
+        pass
+
+
 def test_readme_job_submission_on_a_local_head(s3, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -103,12 +110,8 @@ def test_readme_job_submission_on_a_local_head(s3, tmp_path):
                 if "No available agent" not in str(exc) or time.time() > deadline:
                     raise
                 time.sleep(1)
-        deadline, status = time.time() + 100, None
-        while time.time() < deadline:
-            status = client.get_job_status(job)
-            if status in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
-                break
-            time.sleep(1)
+        asyncio.run(_until_the_job_ends(client, job))   # its log stream closes when the job ends
+        status = client.get_job_status(job)
         logs = client.get_job_logs(job)
         assert status == JobStatus.SUCCEEDED, f"{status}: {command}\n{logs[-3000:]}"
     finally:

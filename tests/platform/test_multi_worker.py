@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from dptune.platform.launcher import RunSettings
 from dptune.platform.spec_sections import Resources
 from dptune.platform.sweep import run_sweep
 from dptune.platform.trial_config import train_config
+from faulting import await_pause, faulted_env, resume_from_pause
 from sweep_plans import digits_spec, plan_of
 from dptune.platform.store import ResultsStore
 from dptune.trainables.config import TrainConfig
@@ -40,7 +40,7 @@ CASES = [{}, {"max_physical_batch_size": 3}, {"norm_estimator": "hutchinson", "s
          {"norm_estimator": "hutchinson", "sketch_k": 4, "max_physical_batch_size": 3}, {"epsilon": math.inf}]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def local_ray():
     ray.init(address="local", num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
     yield
@@ -129,32 +129,45 @@ def test_two_workers_equal_one_and_add_the_noise_once(local_ray, tmp_path):
     assert abs(float(noise_0.mean())) < 4 * SIGMA / BATCH / 100
 
 
-def kill_a_worker_after_the_first_checkpoint(runs: Path, killed: list) -> None:
-    """Wait for the first Ray Train checkpoint under ``runs``, then SIGKILL one Train worker process."""
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not list(runs.glob("*/checkpoint_*")):
-        time.sleep(0.05)
+def kill_a_worker_at_the_first_checkpoint(faults: Path, killed: list, sweep: threading.Thread) -> None:
+    """Wait until rank 0 of the two-worker trial paused after its first checkpoint (a fault point:
+    the group is certainly mid-trial), SIGKILL one Train worker process, then let it go on."""
+    await_pause(faults, "train_checkpointed@1", alive=sweep.is_alive)
     for proc in psutil.process_iter(["cmdline"]):
         if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
             proc.kill()
             killed.append(proc.pid)
-            return
+            break
+    resume_from_pause(faults, "train_checkpointed@1")   # the restarted group passes the point at once
 
 
-def test_sweep_mixing_one_and_two_worker_trials_with_a_killed_worker(local_ray, tmp_path):
+def test_sweep_mixing_one_and_two_worker_trials_with_a_killed_worker(tmp_path, monkeypatch):
     """Two trials, B = 32 on one worker and B = 64 on two (workers_from_batch_size = 64). One of the
     two workers is killed after the first epoch's checkpoint: the group restarts from it
     (FailureConfig) and the trial ends with the weights of an uninterrupted one-worker run. Each
-    trial is stored once, finished, with each epoch once."""
+    trial is stored once, finished, with each epoch once. Its own Ray, started with the fault point
+    in its environment, so the trial's processes see it."""
+    faults = tmp_path / "faults"
+    for name, value in faulted_env("train_checkpointed@1=pause", faults).items():
+        monkeypatch.setenv(name, value)   # Ray's processes inherit it
     plan = plan_of(digits_spec(epsilon=4.0, batch_size=[32, 64], epochs=4, model_options={"hidden": 16},
                                trial={"device": "cpu"}))
-    settings = RunSettings(experiment="mixed", storage=str(tmp_path), max_failures=1, resources=Resources(workers_from_batch_size=64, workers=2))
+    settings = RunSettings(experiment="mixed", storage=str(tmp_path), max_failures=1,
+                           resources=Resources(workers_from_batch_size=64, workers=2))
     killed: list[int] = []
-    killer = threading.Thread(target=kill_a_worker_after_the_first_checkpoint,
-                              args=(tmp_path / "mixed" / "workers", killed), daemon=True)
-    killer.start()
-    results = run_sweep(plan, settings).results
-    killer.join()
+    outcome = []
+    ray.init(address="local", num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    try:
+        sweep = threading.Thread(target=lambda: outcome.append(run_sweep(plan, settings)))
+        killer = threading.Thread(target=kill_a_worker_at_the_first_checkpoint, args=(faults, killed, sweep),
+                                  daemon=True)
+        sweep.start()
+        killer.start()
+        sweep.join()
+        killer.join()
+    finally:
+        ray.shutdown()
+    results = outcome[0].results
     assert killed and all(r.error is None for r in results)
     store = ResultsStore(settings.paths.store)
     rows = store.table("trials")
