@@ -1,4 +1,4 @@
-"""plan_sweep: cells, σ shared with batch_plan, trial specs that the trainer accepts, parallel
+"""plan_sweep: cells, σ and the batch rules against a computation by hand, trial specs that the trainer accepts, parallel
 deduplicated calibration through the cache, random sampling, and refusing unrunnable plans."""
 import math
 
@@ -9,7 +9,7 @@ from accounting_checks import assert_calibrated
 from dptune.platform.trial_config import train_options
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.privacy.cache import clear_memory
-from dptune.search_spaces import NoiseRequest, batch_plan, calibrate_many, load_spec, plan_sweep
+from dptune.search_spaces import NoiseRequest, calibrate_many, load_spec, plan_sweep
 from dptune.search_spaces.noise_table import cached_noise
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import plan_privacy
@@ -24,9 +24,20 @@ def test_cells_and_their_batch_plans(catalog, toy_spec):
     keys = [c.cell.key for c in plan]
     assert keys == ["toy/mlp/E=2/delta=1e-05/eps=1", "toy/mlp/E=2/delta=1e-05/eps=4",
                     "toy/cnn/E=2/delta=1e-05/eps=1", "toy/cnn/E=2/delta=1e-05/eps=4"]
-    for cell in plan:
-        direct = batch_plan(cell.cell.epsilon, 1e-5, N, 2, [5, 10, 20, 40, 100, 400], min_steps=10, plateau_tol=0.3)
-        pd.testing.assert_frame_equal(cell.batches.drop(columns="searched"), direct)
+    for cell in plan:   # by hand: q = B/N, T = ⌈E·N/B⌉, σ from the accountant, then the two rules
+        eps, rows = cell.cell.epsilon, cell.batches.set_index("batch_size")
+        assert rows.loc[400, "reason"] == "exceeds_dataset" and not rows.loc[400, "kept"]
+        hand = {}
+        for b in (5, 10, 20, 40, 100):
+            q, t = b / N, math.ceil(2 * N / b)
+            assert (rows.loc[b, "sample_rate"], rows.loc[b, "steps"]) == (q, t)
+            assert_calibrated(rows.loc[b, "noise_multiplier"], eps, 1e-5, q, t)
+            hand[b] = (t, rows.loc[b, "noise_multiplier"] * math.sqrt(t))
+        floor = min(s for t, s in hand.values() if t >= 10)
+        for b, (t, noise) in hand.items():
+            want = "min_steps" if t < 10 else ("off_plateau" if noise > 1.3 * floor else None)
+            assert rows.loc[b, "kept"] == (want is None) and (rows.loc[b, "reason"] or None) == want, (eps, b)
+            assert rows.loc[b, "noise_sqrt_steps"] == pytest.approx(noise)
         assert cell.batches["searched"].equals(cell.batches["kept"])        # no max_batch_sizes: all kept
     # backbones share σ: it depends on (ε, δ, q, T) only
     pd.testing.assert_frame_equal(plan.cells[0].batches, plan.cells[2].batches)
