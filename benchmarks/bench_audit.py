@@ -1,5 +1,5 @@
 """The one-run audit on digits (issue 22): its wall time and its ε lower bounds, for the engine as it
-is at ε ∈ {1, 8} and for each deliberately broken engine (trainables/broken_engines.py).
+is at ε ∈ {1, 8} and for each deliberately broken engine (trainables/audit/broken_engines.py).
 
 Each row is one `run_audit` (1,000 gradient + 100 input canaries, seed 0): one training run of the
 trial's settings with the canaries planted, then the bound at 95% confidence. Settings: digits,
@@ -13,8 +13,8 @@ import argparse
 
 import torch
 
-from dptune.trainables.audit import run_audit
-from dptune.trainables.broken_engines import BROKEN
+from dptune.trainables.audit.run import run_audit
+from dptune.trainables.audit.broken_engines import BROKEN
 from dptune.trainables.config import TrainConfig
 
 

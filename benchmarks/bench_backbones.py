@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from dptune.trainables import DPEngine
-from dptune.trainables.batching import model_outputs
+from dptune.trainables.engine.batching import model_outputs
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.models import create_model, parameter_summary
+from dptune.trainables.models.catalog import create_model, parameter_summary
 from dptune.trainables.training import train
 
 warnings.filterwarnings("ignore")

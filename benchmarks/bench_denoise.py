@@ -26,7 +26,7 @@ from torch import nn
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.trainables import DPEngine, PoissonSampler, rmt_denoise
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.denoise import rmt_denoise_matrices
+from dptune.trainables.engine.denoise import rmt_denoise_matrices
 from dptune.trainables.training import Trainer, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]

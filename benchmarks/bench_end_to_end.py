@@ -71,8 +71,8 @@ def baseline_trainable(config: dict) -> None:
     from ray import tune
     from torch.utils.data import DataLoader
 
-    from dptune.trainables.data import load_dataset
-    from dptune.trainables.models import create_model
+    from dptune.trainables.data.catalog import load_dataset
+    from dptune.trainables.models.catalog import create_model
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)

@@ -55,7 +55,7 @@ def worker(args: argparse.Namespace) -> dict:
     from torch import nn
 
     from common import build_case, failure, make_step
-    from dptune.trainables.batching import model_outputs
+    from dptune.trainables.engine.batching import model_outputs
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)

@@ -38,7 +38,7 @@ def _kb(key: str) -> int:
 def child(args: argparse.Namespace) -> None:
     import torch
 
-    from dptune.trainables.norm_estimators import (gram_sq_norms, hutchinson_sq_norms, hutchpp_sq_norms,
+    from dptune.trainables.engine.norm_estimators import (gram_sq_norms, hutchinson_sq_norms, hutchpp_sq_norms,
                                                     materialised_sq_norms)
 
     torch.set_num_threads(args.threads)

@@ -23,7 +23,7 @@ from dptune.privacy import calibrate_noise
 from dptune.privacy.schedule import num_steps, sample_rate
 from dptune.search_spaces.proxy import proxy_run
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.data import load_dataset
+from dptune.trainables.data.catalog import load_dataset
 from dptune.trainables.training import Trainer
 
 CLIPS, MULTIPLIERS, ETA_REF, B_REF = (0.3, 1.0, 3.0), (0.25, 0.5, 1.0, 2.0), 2.0, 128

@@ -3,7 +3,7 @@
 One interleaved run per model: both modes train their own copy of the same model on the same
 fixed batch with dptune's exact engine, timed round-robin (examples/s = B / median step). Each
 step draws its Poisson membership over N = 50,000 examples and the noise of every trainable
-parameter from the mode's streams (trainables/randomness.py): reproducible = torch generators
+parameter from the mode's streams (trainables/engine/randomness.py): reproducible = torch generators
 seeded through SeedSequence; secure = ChaCha20 (cryptography) keyed by a fresh OS secret, Gaussians
 by Box–Muller in float64 with the discard-and-sum mitigation (4 draws per value + 1 discarded per call).
 
@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from common import CASES, DEFAULT_DEVICE, build_case, interleaved_medians, rate
-from dptune.trainables.engine import DPEngine
-from dptune.trainables.randomness import membership, new_secret, stream
+from dptune.trainables.engine.dp_engine import DPEngine
+from dptune.trainables.engine.randomness import membership, new_secret, stream
 
 warnings.filterwarnings("ignore")
 N = 50_000

@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.data import load_dataset
-from dptune.trainables.denoise import epoch_cosine_metrics
+from dptune.trainables.data.catalog import load_dataset
+from dptune.trainables.engine.denoise import epoch_cosine_metrics
 from dptune.trainables.training import Trainer, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,8 +164,8 @@ def window(quick: bool) -> dict:
     (digits, ε = 8, B = 1024, η = 1, E = 20; mlp and cnn), per 2-D layer and window of K consecutive
     steps: cos(Σ ĝ_t, Σ ḡ_t) and cos(Σ rmt(ĝ_t), Σ ḡ_t). Noise is independent across steps and
     averages out in the sum (which is what SGD applies); the denoiser's truncation does not."""
-    from dptune.trainables.batching import to_device
-    from dptune.trainables.data import take
+    from dptune.trainables.engine.batching import to_device
+    from dptune.trainables.data.catalog import take
 
     data = load_dataset("digits", seed=0)
     seeds = (0,) if quick else SEEDS

@@ -50,7 +50,7 @@ def _train(config: dict) -> tuple[float, float]:
     import torch
 
     from dptune.platform.trial_config import train_config
-    from dptune.trainables.data import load_dataset
+    from dptune.trainables.data.catalog import load_dataset
     from dptune.trainables.training import train as run
 
     torch.set_num_threads(1)

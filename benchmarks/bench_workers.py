@@ -42,8 +42,8 @@ def per_worker(loop_config: dict) -> None:
     from torch.utils.data import TensorDataset
 
     from dptune.trainables.config import TrainConfig
-    from dptune.trainables.distributed import ProcessGroupWorkers, Workers
-    from dptune.trainables.splits import DatasetSplits
+    from dptune.trainables.engine.distributed import ProcessGroupWorkers, Workers
+    from dptune.trainables.data.splits import DatasetSplits
     from dptune.trainables.training import Trainer
 
     torch.set_num_threads(1)

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainabl
 from common import build_case  # noqa: E402
 from per_example_reference import clipped_sum_loop  # noqa: E402
 
-from dptune.trainables.engine import DPEngine  # noqa: E402
-from dptune.trainables.per_sample import VmapNormEngine  # noqa: E402
+from dptune.trainables.engine.dp_engine import DPEngine  # noqa: E402
+from dptune.trainables.engine.per_sample import VmapNormEngine  # noqa: E402
 
 
 def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -19,8 +19,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dptune.trainables.distributed import ProcessGroupWorkers, shard_bounds  # noqa: E402
-from dptune.trainables.engine import DPEngine  # noqa: E402
+from dptune.trainables.engine.distributed import ProcessGroupWorkers, shard_bounds  # noqa: E402
+from dptune.trainables.engine.dp_engine import DPEngine  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a smoke run
 N = 64

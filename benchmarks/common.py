@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from dptune.trainables import DPEngine
-from dptune.trainables.batching import Inputs, model_outputs
-from dptune.trainables.models import create_model
-from dptune.trainables.per_sample import VmapNormEngine
+from dptune.trainables.engine.batching import Inputs, model_outputs
+from dptune.trainables.models.catalog import create_model
+from dptune.trainables.engine.per_sample import VmapNormEngine
 
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 #: dptune exact engines benchmarked: the default (book-keeping hooks) and the vmap reference.

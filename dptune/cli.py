@@ -388,7 +388,7 @@ def _run_audit(args: argparse.Namespace, out: TextIO) -> int:
 
     from .platform.audits import audit, cell_trial, stored_trial
     from .platform.layout import ExperimentPaths
-    from .trainables.audit import describe, AuditResult
+    from .trainables.audit.run import describe, AuditResult
 
     if (args.spec is None) == (args.trial is None):
         raise UserError("audit: give either SPEC or --store and --trial")

@@ -19,7 +19,7 @@ under a taken name is refused. Open-ended families (every timm model, ``timm:<na
 factory under a prefix: ``get("timm:vit_x")`` is the factory bound to ``"vit_x"``.
 
 An entry can be **lazy** (as transformers' auto mappings are): ``register_lazy("sgd",
-"dptune.trainables.optimizers:sgd")`` names the entry by a ``"module:attr"`` string (optionally
+"dptune.trainables.engine.optimizers:sgd")`` names the entry by a ``"module:attr"`` string (optionally
 with arguments to bind), imported on first :meth:`get`. So a registry's names are known without
 importing what implements them: ``dptune --help`` lists the optimizers without loading torch.
 

@@ -49,7 +49,7 @@ def sources() -> list[Path]:
 
 def test_sources_cite_papers_by_title_and_the_repo_docs():
     files = sources()
-    assert PACKAGE / "trainables" / "engine.py" in files
+    assert PACKAGE / "trainables" / "engine" / "dp_engine.py" in files
     found = {path.relative_to(REPO).as_posix(): refs for path in files
              if (refs := unresolvable_references(path.read_text(encoding="utf-8")))}
     assert not found, ("cite the paper's title or docs/architecture.md (section name) instead:\n"

@@ -85,8 +85,8 @@ def test_dptune_registries_use_it_and_name_their_field():
     from dptune.privacy.mechanisms import MECHANISMS
     from dptune.privacy.validation import NORM_ESTIMATORS
     from dptune.search_spaces.spec import CHECKS, SECTIONS
-    from dptune.trainables.data import DATASETS
-    from dptune.trainables.models import INPUT_SPECS, MODELS
+    from dptune.trainables.data.catalog import DATASETS
+    from dptune.trainables.models.catalog import INPUT_SPECS, MODELS
 
     kinds = {reg.kind for reg in (MECHANISMS, SECTIONS, CHECKS, DATASETS, MODELS, INPUT_SPECS)
              if isinstance(reg, Registry)}

@@ -79,7 +79,7 @@ def test_every_lazy_registry_entry_resolves_to_its_implementation():
     embedded datasets' sizes counted from their files are the sizes their loaders build."""
     from dptune.privacy import NORM_ESTIMATORS
     from dptune.trainables import registries
-    from dptune.trainables.data import load_dataset
+    from dptune.trainables.data.catalog import load_dataset
 
     for registry in (registries.OPTIMIZERS, registries.CLIP_FNS, registries.NORM_ENGINES, registries.DENOISERS,
                      registries.DENOISE_SCOPES, registries.DIAGNOSTICS, registries.MODELS, registries.INPUT_SPECS,

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from .results import Sweep
 
-#: Epoch-row columns the diagnostic writes (``dptune.trainables.denoise.COSINE_METRICS``).
+#: Epoch-row columns the diagnostic writes (``dptune.trainables.engine.denoise.COSINE_METRICS``).
 COSINE_COLUMNS = ("nonprivate_cos_noisy", "nonprivate_cos_denoised", "nonprivate_cos_gain",
                   "nonprivate_cos_improved", "nonprivate_cos_gate_rate", "nonprivate_cos_rank",
                   "nonprivate_cos_shrinkage")

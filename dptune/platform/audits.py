@@ -2,7 +2,7 @@
 
 The configuration is a finished trial's (its ``config_json`` row in the store, and the experiment's
 worker count) or a spec cell's (a grid entry of the planned cell). The run itself is
-:func:`dptune.trainables.audit.run_audit`; on W > 1 workers it runs in W local processes joined
+:func:`dptune.trainables.audit.run.run_audit`; on W > 1 workers it runs in W local processes joined
 by a gloo process group (one machine). An audit of a store's trial is kept beside its store
 (:meth:`~.layout.ExperimentPaths.save_audit`), where the report finds it.
 """
@@ -65,8 +65,8 @@ def _free_port() -> int:
 def _worker(rank: int, size: int, port: int, config: dict, options: dict, out: str) -> None:
     import torch.distributed as dist
 
-    from ..trainables.audit import run_audit
-    from ..trainables.distributed import ProcessGroupWorkers
+    from ..trainables.audit.run import run_audit
+    from ..trainables.engine.distributed import ProcessGroupWorkers
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=size)
@@ -81,8 +81,8 @@ def _worker(rank: int, size: int, port: int, config: dict, options: dict, out: s
 
 def audit(config: dict, *, workers: int = 1, progress: Callable[[int], None] | None = None, **options: object) -> dict:
     """Audit a flat trial config on ``workers`` local processes; the result as a dict
-    (:meth:`~dptune.trainables.audit.AuditResult.to_dict`). ``options``: :func:`run_audit`'s."""
-    from ..trainables.audit import run_audit
+    (:meth:`~dptune.trainables.audit.run.AuditResult.to_dict`). ``options``: :func:`run_audit`'s."""
+    from ..trainables.audit.run import run_audit
 
     if workers <= 1:
         return {**run_audit(train_config(config), progress=progress, **options).to_dict(), "workers": 1}

@@ -15,7 +15,7 @@ from ..registry import check_options
 from ..search_spaces import Catalog
 from ..search_spaces.search_sections import BACKBONE_FIELDS, DATASET_OPTIONS
 from ..schema import check_option
-from ..trainables.data import train_size
+from ..trainables.data.catalog import train_size
 from ..trainables.registries import DATASETS, MODELS
 
 #: Model options that configure LoRA adapters: meaningful only with ``peft: lora``.

@@ -18,9 +18,9 @@ from torch import nn
 
 from ..errors import UserError, NotFound
 from ..schema import TrainConfig
-from ..trainables.batching import to_device
-from ..trainables.splits import take
-from ..trainables.per_sample import VmapNormEngine
+from ..trainables.engine.batching import to_device
+from ..trainables.data.splits import take
+from ..trainables.engine.per_sample import VmapNormEngine
 from ..trainables.training import Trainer
 from .tune_adapter import STATE_FILE
 

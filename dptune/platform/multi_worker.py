@@ -3,9 +3,9 @@
 With ``resources: {workers: W}`` (W > 1) a trial's Tune function reserves no resources itself and
 starts a ``TorchTrainer`` with W workers of ``cpu``/``gpu`` each (one process group per trial: gloo
 on CPU, NCCL on GPU), Ray's supported way to nest Train in Tune. Every worker runs the same
-:class:`~dptune.trainables.training.Trainer` with :class:`~dptune.trainables.distributed.ProcessGroupWorkers`:
+:class:`~dptune.trainables.training.Trainer` with :class:`~dptune.trainables.engine.distributed.ProcessGroupWorkers`:
 the same global Poisson batch split into shards, the clipped sums all-reduced, the noise drawn
-once (identically on every worker), identical optimizer steps (see :mod:`dptune.trainables.distributed`).
+once (identically on every worker), identical optimizer steps (see :mod:`dptune.trainables.engine.distributed`).
 
 Checkpoints: after every epoch rank 0 reports the run's state (weights, optimizer, the generators,
 which are in the same state on every worker, step, history) as a Ray Train checkpoint; the Tune
@@ -100,7 +100,7 @@ def _worker_loop(loop_config: dict) -> None:
     not restart the workers for it."""
     import torch
 
-    from ..trainables.distributed import ProcessGroupWorkers
+    from ..trainables.engine.distributed import ProcessGroupWorkers
 
     config = loop_config["config"]
     workers = ProcessGroupWorkers()

@@ -1,5 +1,5 @@
 """The two randomness modes of a run and how they are named to users (standard library only:
-the store's readers and the report use them without torch; ``trainables/randomness.py`` draws).
+the store's readers and the report use them without torch; ``trainables/engine/randomness.py`` draws).
 
 - ``reproducible``: every stream derived from the run's seed. For research: a run replays bit for
   bit, but anyone with the seed can regenerate its noise, so its model is NOT for release.

@@ -15,27 +15,27 @@ _T = "dptune.trainables."
 
 OPTIMIZERS: Registry = Registry("optimizer")
 for _name in ("sgd", "adam", "adamw"):
-    OPTIMIZERS.register_lazy(_name, f"{_T}optimizers:{_name}")
+    OPTIMIZERS.register_lazy(_name, f"{_T}engine.optimizers:{_name}")
 
 CLIP_FNS: Registry = Registry("clip_fn")
-CLIP_FNS.register_lazy("flat", f"{_T}clip_factors:flat_clip")
-CLIP_FNS.register_lazy("auto_s", f"{_T}clip_factors:auto_s_clip")
+CLIP_FNS.register_lazy("flat", f"{_T}engine.clip_factors:flat_clip")
+CLIP_FNS.register_lazy("auto_s", f"{_T}engine.clip_factors:auto_s_clip")
 
 #: The book-keeping hook engine with the exact (ghost / materialised) weight norms or a randomised
 #: estimator. Every entry needs an accountant of the same name (``privacy.mechanisms``).
 NORM_ENGINES: Registry = Registry("norm_estimator")
 for _name, _weights in (("exact", "ghost"), ("hutchinson", "hutchinson"), ("hutchpp", "hutchpp")):
-    NORM_ENGINES.register_lazy(_name, f"{_T}book_keeping:BookKeepingEngine", estimator=_weights)
+    NORM_ENGINES.register_lazy(_name, f"{_T}engine.book_keeping:BookKeepingEngine", estimator=_weights)
 
 DENOISERS: Registry = Registry("denoise")
-DENOISERS.register_lazy("rmt", f"{_T}denoise:RMTDenoiser")
+DENOISERS.register_lazy("rmt", f"{_T}engine.denoise:RMTDenoiser")
 
 DENOISE_SCOPES: Registry = Registry("denoise_scope")
-DENOISE_SCOPES.register_lazy("all", f"{_T}denoise:every_matrix")
-DENOISE_SCOPES.register_lazy("lora", f"{_T}denoise:lora_factors")
+DENOISE_SCOPES.register_lazy("all", f"{_T}engine.denoise:every_matrix")
+DENOISE_SCOPES.register_lazy("lora", f"{_T}engine.denoise:lora_factors")
 
 DIAGNOSTICS: Registry = Registry("diagnostics")
-DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}denoise:CosineDiagnostic")
+DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}engine.denoise:CosineDiagnostic")
 
 #: What ``peft`` may train (``finetuning.apply_peft`` implements each).
 PEFT_METHODS = ("film", "lora", "head", "full")

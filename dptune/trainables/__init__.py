@@ -1,4 +1,6 @@
-"""DP training without Ray: engine, per-sample norms, models, data, one run (Ray Tune trainable: platform.trainable).
+"""DP training without Ray, in folders by job: the DP step (``engine/``), the models (``models/``), the
+data (``data/``), one training run (``training.py``, the one training loop) and the privacy audit
+(``audit/``). The Ray Tune trainable that runs a trial is ``platform.trainable``.
 
 The public names below are imported on first use (PEP 562), so importing a light submodule
 (``dptune.trainables.config``, ``.registries``) does not pull in torch.
@@ -8,9 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_PUBLIC = {"DPEngine": ".engine", "PoissonSampler": ".sampling", "ghost_sq_norms": ".norm_estimators",
-           "hutchinson_sq_norms": ".norm_estimators", "hutchpp_sq_norms": ".norm_estimators",
-           "rmt_denoise": ".denoise"}
+_PUBLIC = {"DPEngine": ".engine.dp_engine", "PoissonSampler": ".engine.sampling",
+           "ghost_sq_norms": ".engine.norm_estimators", "hutchinson_sq_norms": ".engine.norm_estimators",
+           "hutchpp_sq_norms": ".engine.norm_estimators", "rmt_denoise": ".engine.denoise"}
 
 __all__ = ["DPEngine", "PoissonSampler", "ghost_sq_norms", "hutchinson_sq_norms", "hutchpp_sq_norms", "rmt_denoise"]
 

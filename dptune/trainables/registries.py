@@ -28,7 +28,7 @@ from __future__ import annotations
 from ..registry import Registry
 from ..schema.option_registries import (CLIP_FNS, DENOISE_SCOPES, DENOISERS, DIAGNOSTICS,  # noqa: F401
                                         NORM_ENGINES, OPTIMIZERS, PEFT_METHODS, RANDOMNESS)
-from .data_sources import EMBEDDED_FILES, HF_SOURCES
+from .data.sources import EMBEDDED_FILES, HF_SOURCES
 
 _T = "dptune.trainables."
 
@@ -42,29 +42,29 @@ TEXT_BACKBONES = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased
 
 MODELS: Registry = Registry("model")
 INPUT_SPECS: Registry = Registry("model input spec")
-MODELS.register_lazy("mlp", f"{_T}scratch_models:mlp")
-MODELS.register_lazy("cnn", f"{_T}scratch_models:cnn")
-MODELS.register_lazy("wrn16_4", f"{_T}scratch_models:wide_resnet")
-MODELS.register_lazy("lstm", f"{_T}scratch_models:lstm")
-MODELS.register_lazy("vit", f"{_T}scratch_models:vit")
+MODELS.register_lazy("mlp", f"{_T}models.scratch:mlp")
+MODELS.register_lazy("cnn", f"{_T}models.scratch:cnn")
+MODELS.register_lazy("wrn16_4", f"{_T}models.scratch:wide_resnet")
+MODELS.register_lazy("lstm", f"{_T}models.scratch:lstm")
+MODELS.register_lazy("vit", f"{_T}models.scratch:vit")
 for _name in PAPER_VITS:
-    MODELS.register_lazy(_name, f"{_T}vision_models:create_timm_model", _name)
-    INPUT_SPECS.register_lazy(_name, f"{_T}vision_models:vision_data_options", _name)
-MODELS.register_family_lazy("timm", f"{_T}vision_models:create_timm_model")
-INPUT_SPECS.register_family_lazy("timm", f"{_T}vision_models:vision_data_options")
+    MODELS.register_lazy(_name, f"{_T}models.vision:create_timm_model", _name)
+    INPUT_SPECS.register_lazy(_name, f"{_T}models.vision:vision_data_options", _name)
+MODELS.register_family_lazy("timm", f"{_T}models.vision:create_timm_model")
+INPUT_SPECS.register_family_lazy("timm", f"{_T}models.vision:vision_data_options")
 for _name in TEXT_BACKBONES:
-    MODELS.register_lazy(_name, f"{_T}text_models:create_text_model", _name)
-    INPUT_SPECS.register_lazy(_name, f"{_T}text_models:text_data_options", _name)
-MODELS.register_family_lazy("hf", f"{_T}text_models:create_text_model")
-INPUT_SPECS.register_family_lazy("hf", f"{_T}text_models:text_data_options")
+    MODELS.register_lazy(_name, f"{_T}models.text:create_text_model", _name)
+    INPUT_SPECS.register_lazy(_name, f"{_T}models.text:text_data_options", _name)
+MODELS.register_family_lazy("hf", f"{_T}models.text:create_text_model")
+INPUT_SPECS.register_family_lazy("hf", f"{_T}models.text:text_data_options")
 
 DATASETS: Registry = Registry("dataset")
 TRAIN_SIZES: Registry = Registry("dataset size")
 for _name in EMBEDDED_FILES:
-    DATASETS.register_lazy(_name, f"{_T}embedded_data:{_name}")
-    TRAIN_SIZES.register_lazy(_name, f"{_T}data_sources:embedded_size", _name)
+    DATASETS.register_lazy(_name, f"{_T}data.embedded:{_name}")
+    TRAIN_SIZES.register_lazy(_name, f"{_T}data.sources:embedded_size", _name)
 for _name, _source in HF_SOURCES.items():
-    DATASETS.register_lazy(_name, f"{_T}hf_data:load_{_source.kind}_set", _name)
-    TRAIN_SIZES.register_lazy(_name, f"{_T}data_sources:train_size", _name)
-DATASETS.register_lazy("bbc_news", f"{_T}hf_data:bbc_news")
-TRAIN_SIZES.register_lazy("bbc_news", f"{_T}data_sources:bbc_news_size")
+    DATASETS.register_lazy(_name, f"{_T}data.hf:load_{_source.kind}_set", _name)
+    TRAIN_SIZES.register_lazy(_name, f"{_T}data.sources:train_size", _name)
+DATASETS.register_lazy("bbc_news", f"{_T}data.hf:bbc_news")
+TRAIN_SIZES.register_lazy("bbc_news", f"{_T}data.sources:bbc_news_size")

@@ -25,20 +25,20 @@ from ..privacy.accountant import epsilon_curve
 from ..privacy.schedule import accounted_steps, epoch_end_steps, num_steps, sample_rate
 from ..registry import check_options
 from ..timeline import mark
-from .batching import model_outputs, to_device
+from .engine.batching import model_outputs, to_device
 from ..schema import TrainConfig
-from .data import DATASETS, load_dataset
-from .splits import DatasetSplits, take
-from .splits import with_validation
-from .distributed import Workers, baseline_gradient
-from .engine import DPEngine
-from .frozen_features import head_on_features
-from .models import create_model, data_options, parameter_summary
-from .norm_stats import class_norm_statistics
-from .optimizers import make_optimizer
+from .data.catalog import DATASETS, load_dataset
+from .data.splits import DatasetSplits, take
+from .data.splits import with_validation
+from .engine.distributed import Workers, baseline_gradient
+from .engine.dp_engine import DPEngine
+from .models.frozen_features import head_on_features
+from .models.catalog import create_model, data_options, parameter_summary
+from .engine.norm_stats import class_norm_statistics
+from .engine.optimizers import make_optimizer
 from ..schema.option_registries import DENOISERS, DIAGNOSTICS
-from .randomness import STREAMS, new_secret, stream
-from .sampling import PoissonSampler
+from .engine.randomness import STREAMS, new_secret, stream
+from .engine.sampling import PoissonSampler
 
 
 class TrialDiverged(UserError, FloatingPointError):

@@ -11,7 +11,7 @@ from dptune.analysis.results import Sweep
 from dptune.platform.records import epoch_rows, trial_row
 from dptune.platform.store import ResultsStore
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.denoise import COSINE_METRICS
+from dptune.trainables.engine.denoise import COSINE_METRICS
 from dptune.trainables.training import train
 
 

@@ -100,7 +100,7 @@ def test_histogram_retention_and_quantiles_match_samples_drawn_log_uniformly_in_
 
 
 def test_hist_edges_match_the_trainer():
-    from dptune.trainables.norm_stats import HIST_EDGES as TRAINER_EDGES
+    from dptune.trainables.engine.norm_stats import HIST_EDGES as TRAINER_EDGES
 
     assert np.array_equal(HIST_EDGES, TRAINER_EDGES)
 

@@ -82,7 +82,7 @@ def test_dptune_plan_sizes_a_dataset_with_options(tmp_path, monkeypatch, capsys)
     import io
 
     from dptune.cli import main
-    from dptune.trainables.data import load_dataset
+    from dptune.trainables.data.catalog import load_dataset
 
     monkeypatch.setenv("DPTUNE_CACHE_DIR", str(tmp_path / "cache"))
     path = next(p for p in EXAMPLES if p.name == "minilm_bbc_cpu.yaml")

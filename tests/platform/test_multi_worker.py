@@ -26,10 +26,10 @@ from faulting import await_pause, faulted_env, resume_from_pause
 from sweep_plans import digits_spec, plan_of
 from dptune.platform.store import ResultsStore
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.data import load_dataset
-from dptune.trainables.distributed import shard_bounds
-from dptune.trainables.engine import DPEngine
-from dptune.trainables.sampling import PoissonSampler
+from dptune.trainables.data.catalog import load_dataset
+from dptune.trainables.engine.distributed import shard_bounds
+from dptune.trainables.engine.dp_engine import DPEngine
+from dptune.trainables.engine.sampling import PoissonSampler
 from dptune.trainables.training import Trainer
 
 STEPS = 12
@@ -86,7 +86,7 @@ def test_two_workers_equal_one_and_add_the_noise_once(local_ray, tmp_path):
 
     def per_worker(loop_config: dict) -> None:  # a closure: Ray pickles it by value
         import torch.distributed as dist
-        from dptune.trainables.distributed import ProcessGroupWorkers
+        from dptune.trainables.engine.distributed import ProcessGroupWorkers
 
         torch.set_num_threads(1)
         torch.set_default_dtype(torch.float64)

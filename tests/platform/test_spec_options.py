@@ -10,7 +10,7 @@ from dptune.platform.trial_config import train_options
 from dptune.search_spaces import SearchSpace, SpecError, load_spec, plan_sweep
 from dptune.search_spaces.search_sections import AxisValue
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.data import load_dataset, train_size
+from dptune.trainables.data.catalog import load_dataset, train_size
 from sweep_plans import levers_off
 
 
@@ -103,7 +103,7 @@ def test_text_sizes_from_metadata_match_the_loader(tmp_path, layout, monkeypatch
         _text_table(50).to_parquet(str(path / "train-00000-of-00002.parquet"))
         _text_table(41, 2).to_parquet(str(path / "train-00001-of-00002.parquet"))
         _text_table(30, 3).to_parquet(str(path / "test-00000-of-00001.parquet"))
-    from dptune.trainables import data
+    from dptune.trainables.data import catalog as data
 
     def refuse(*_, **__):
         raise AssertionError("counting must not load the data")

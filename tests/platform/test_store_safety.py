@@ -242,7 +242,7 @@ def test_a_planted_checkpoint_does_not_run_code(tmp_path, monkeypatch):
 
 
 def test_model_options_are_config_settings_never_loading_options():
-    from dptune.trainables.text_models import create_text_model
+    from dptune.trainables.models.text import create_text_model
 
     with pytest.raises(UserError, match="trust_remote_code.* not settings of its distilbert config"):
         create_text_model("distilbert-base-uncased", num_classes=2, input_shape=(8,), weights="random",

@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from dptune.trainables.batching import model_outputs
+from dptune.trainables.engine.batching import model_outputs
 
 LOSS = nn.CrossEntropyLoss(reduction="none")
 

@@ -12,7 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from dptune.errors import UserError
 from dptune.trainables import DPEngine
-from dptune.trainables.book_keeping import BookKeepingEngine
+from dptune.trainables.engine.book_keeping import BookKeepingEngine
 
 from per_example_reference import clipped_sum_loop
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from dptune.trainables.audit import AuditResult, AuditTrainer, audit_config, run_audit
-from dptune.trainables.canaries import TAG_OFFSET, plant
+from dptune.trainables.audit.run import AuditResult, AuditTrainer, audit_config, run_audit
+from dptune.trainables.audit.canaries import TAG_OFFSET, plant
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.data import load_dataset
+from dptune.trainables.data.catalog import load_dataset
 
 EPSILON = 1.0
 

@@ -8,11 +8,11 @@ import torch
 from torch import nn
 
 from dptune.trainables import DPEngine
-from dptune.trainables.batching import model_outputs
+from dptune.trainables.engine.batching import model_outputs
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.hub import ResourceNotFound, hub_reachable
-from dptune.trainables.models import INPUT_SPECS, MODELS, create_model, data_options, parameter_summary
-from dptune.trainables.per_sample import VmapNormEngine
+from dptune.trainables.models.catalog import INPUT_SPECS, MODELS, create_model, data_options, parameter_summary
+from dptune.trainables.engine.per_sample import VmapNormEngine
 from dptune.trainables.training import Trainer
 
 VIT = "vit_tiny_patch16_224.augreg_in21k"

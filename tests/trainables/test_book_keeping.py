@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dptune.trainables import DPEngine
-from dptune.trainables.book_keeping import BookKeepingEngine
-from dptune.trainables.clip_factors import flat_clip
-from dptune.trainables.layer_rules import prefer_ghost
-from dptune.trainables.models import create_model
-from dptune.trainables.per_sample import VmapNormEngine
+from dptune.trainables.engine.book_keeping import BookKeepingEngine
+from dptune.trainables.engine.clip_factors import flat_clip
+from dptune.trainables.engine.layer_rules import prefer_ghost
+from dptune.trainables.models.catalog import create_model
+from dptune.trainables.engine.per_sample import VmapNormEngine
 
 from per_example_reference import clipped_sum_loop
 

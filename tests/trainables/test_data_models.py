@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from dptune.trainables.data import DATASETS, load_dataset
-from dptune.trainables.models import INPUT_SPECS, MODELS, create_model
+from dptune.trainables.data.catalog import DATASETS, load_dataset
+from dptune.trainables.models.catalog import INPUT_SPECS, MODELS, create_model
 
 
 @pytest.mark.parametrize("name,n_train,n_test,shape", [("digits", 1437, 360, (1, 8, 8)),

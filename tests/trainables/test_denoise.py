@@ -1,4 +1,4 @@
-"""RMT spectral denoising (dptune.trainables.denoise) and its use by DPEngine and Trainer."""
+"""RMT spectral denoising (dptune.trainables.engine.denoise) and its use by DPEngine and Trainer."""
 import math
 
 import numpy as np
@@ -9,7 +9,7 @@ from torch import nn
 from dptune.cli import build_parser
 from dptune.trainables import DPEngine, rmt_denoise
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.denoise import (RMTDenoiser, bbp_inflation, bbp_threshold, bulk_edge, epoch_denoise_metrics,
+from dptune.trainables.engine.denoise import (RMTDenoiser, bbp_inflation, bbp_threshold, bulk_edge, epoch_denoise_metrics,
                                        invert_inflation, optimal_shrinkage, rmt_denoise_batch, rmt_denoise_matrices,
                                        shrink_singular_values)
 from dptune.trainables.training import Trainer

@@ -13,7 +13,7 @@ from dptune.cli import build_parser
 from dptune.platform.records import epoch_rows
 from dptune.trainables import DPEngine, rmt_denoise
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.denoise import COSINE_METRICS, RMTDenoiser, epoch_cosine_metrics, rmt_denoise_matrices
+from dptune.trainables.engine.denoise import COSINE_METRICS, RMTDenoiser, epoch_cosine_metrics, rmt_denoise_matrices
 from dptune.trainables.training import Trainer
 
 C, B = 1.0, 64

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.distributed import Workers, shard_bounds
-from dptune.trainables.engine import DPEngine
+from dptune.trainables.engine.distributed import Workers, shard_bounds
+from dptune.trainables.engine.dp_engine import DPEngine
 from dptune.trainables.training import Trainer
 
 

@@ -4,8 +4,8 @@ import torch
 from torch import nn
 
 from dptune.trainables import DPEngine
-from dptune.trainables.models import create_model
-from dptune.trainables.per_sample import VmapNormEngine
+from dptune.trainables.models.catalog import create_model
+from dptune.trainables.engine.per_sample import VmapNormEngine
 
 CE = nn.CrossEntropyLoss(reduction="none")
 
@@ -150,7 +150,7 @@ def test_dict_inputs_match_the_loop():
 
 
 def test_per_class_statistics_follow_the_norms():
-    from dptune.trainables.norm_stats import class_norm_statistics
+    from dptune.trainables.engine.norm_stats import class_norm_statistics
 
     model = small("mlp")
     x, y = torch.randn(9, 1, 8, 8, dtype=torch.float64), torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])

@@ -1,4 +1,4 @@
-"""``peft: head`` on cached frozen features (trainables/frozen_features.py): the same per-example
+"""``peft: head`` on cached frozen features (trainables/models/frozen_features.py): the same per-example
 norms, clipped sums and accuracies as running the whole model every step, a disk cache keyed so that
 a change of any input computes again, and a clear fallback where a model cannot be cut."""
 import copy
@@ -8,12 +8,13 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from dptune.trainables import DPEngine, frozen_features
-from dptune.trainables.batching import model_outputs
+from dptune.trainables import DPEngine
+from dptune.trainables.models import frozen_features
+from dptune.trainables.engine.batching import model_outputs
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.frozen_features import head_on_features
-from dptune.trainables.hf_data import TokenizedDataset
-from dptune.trainables.splits import DatasetSplits
+from dptune.trainables.models.frozen_features import head_on_features
+from dptune.trainables.data.hf import TokenizedDataset
+from dptune.trainables.data.splits import DatasetSplits
 from dptune.trainables.training import Trainer
 
 from test_backbones import IMAGE_SHAPE, SEQ, SMALL, VIT, small, text_batch

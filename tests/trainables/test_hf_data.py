@@ -7,11 +7,11 @@ import pytest
 import torch
 from PIL import Image
 
-from dptune.trainables import hf_data
-from dptune.trainables.data import load_dataset
-from dptune.trainables.splits import take
+from dptune.trainables.data import hf as hf_data
+from dptune.trainables.data.catalog import load_dataset
+from dptune.trainables.data.splits import take
 from dptune.trainables.hub import ResourceNotFound, hub_reachable
-from dptune.trainables.models import data_options
+from dptune.trainables.models.catalog import data_options
 
 COLOURS = {"beach": (255, 0, 0), "forest": (0, 255, 0), "kitchen": (0, 0, 255)}
 

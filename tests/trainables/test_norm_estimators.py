@@ -5,11 +5,11 @@ from torch import nn
 
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.trainables import DPEngine, ghost_sq_norms, hutchinson_sq_norms, hutchpp_sq_norms
-from dptune.trainables.clip_factors import flat_clip
+from dptune.trainables.engine.clip_factors import flat_clip
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.engine import NORM_ENGINES
-from dptune.trainables.book_keeping import BookKeepingEngine
-from dptune.trainables.models import create_model
+from dptune.trainables.engine.dp_engine import NORM_ENGINES
+from dptune.trainables.engine.book_keeping import BookKeepingEngine
+from dptune.trainables.models.catalog import create_model
 from dptune.trainables.training import Trainer
 
 from per_example_reference import clipped_sum_loop

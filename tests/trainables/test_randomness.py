@@ -9,10 +9,10 @@ import pytest
 import torch
 from scipy import stats
 
-from dptune.trainables import randomness
+from dptune.trainables.engine import randomness
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.noise import GaussianNoise
-from dptune.trainables.randomness import BITS, STREAMS, SecureStream, SeededStream, membership
+from dptune.trainables.engine.noise import GaussianNoise
+from dptune.trainables.engine.randomness import BITS, STREAMS, SecureStream, SeededStream, membership
 from dptune.trainables.training import Trainer
 
 CPU = torch.device("cpu")

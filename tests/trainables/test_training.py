@@ -78,8 +78,8 @@ def test_unknown_config_keys_are_errors():
 # --- validation split for selection (issue 12, item 4) ------------------------------------------
 
 def test_validation_split_is_seeded_stratified_and_disjoint():
-    from dptune.trainables.data import load_dataset
-    from dptune.trainables.splits import labels_of, with_validation
+    from dptune.trainables.data.catalog import load_dataset
+    from dptune.trainables.data.splits import labels_of, with_validation
 
     data = load_dataset("digits", seed=0)
     n = len(data.train)
@@ -137,8 +137,8 @@ def test_the_planner_calibrates_for_the_examples_trained_on():
 
 
 def test_validation_split_of_a_tokenised_set_reads_labels_without_inputs():
-    from dptune.trainables.data import load_dataset
-    from dptune.trainables.splits import labels_of, with_validation
+    from dptune.trainables.data.catalog import load_dataset
+    from dptune.trainables.data.splits import labels_of, with_validation
 
     data = load_dataset("bbc_news", max_length=8)
     split = with_validation(data, 0.1, 3)
@@ -156,7 +156,7 @@ def test_a_training_example_with_a_nan_is_counted_not_fatal():
 
     from torch.utils.data import TensorDataset
 
-    from dptune.trainables.data import load_dataset
+    from dptune.trainables.data.catalog import load_dataset
 
     data = load_dataset("digits", seed=0)
     x, y = (t.clone() for t in data.train.tensors)

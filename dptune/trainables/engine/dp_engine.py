@@ -30,14 +30,14 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..errors import UserError
-from ..privacy.validation import check_estimator
+from ...errors import UserError
+from ...privacy.validation import check_estimator
 from .batching import Inputs, batch_len, micro_batches, select_rows
-from ..schema import check_option
+from ...schema import check_option
 from .noise import GaussianNoise
 from .per_sample import LossFn, check_model, trainable_parameters
 from .randomness import Stream
-from ..schema.option_registries import CLIP_FNS, DENOISERS, DIAGNOSTICS, NORM_ENGINES
+from ...schema.option_registries import CLIP_FNS, DENOISERS, DIAGNOSTICS, NORM_ENGINES
 
 Sums = dict[str, torch.Tensor]
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ..privacy.cache import cache_dir
+from ...privacy.cache import cache_dir
 
 Tensors = dict[str, torch.Tensor]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ...errors import UserError
 
 
 def _flat_dim(features: nn.Module, input_shape: tuple[int, ...]) -> int:

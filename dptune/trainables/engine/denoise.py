@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 
 import torch
 
-from ..errors import UserError
-from ..schema import FIELDS, check_option
-from ..schema.option_registries import DENOISE_SCOPES
+from ...errors import UserError
+from ...schema import FIELDS, check_option
+from ...schema.option_registries import DENOISE_SCOPES
 
 if TYPE_CHECKING:
-    from ..schema import TrainConfig
-    from .engine import DPStep
+    from ...schema import TrainConfig
+    from .dp_engine import DPStep
 
 #: Gate factor κ of the paper (denoise only if λ̃₁ > κ·s(√m+√n)): the default of the trial option.
 DEFAULT_KAPPA = FIELDS["denoise_kappa"].default

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..registry import check_options
-from .registries import DATASETS, TRAIN_SIZES
+from ...registry import check_options
+from ..registries import DATASETS, TRAIN_SIZES
 
 if TYPE_CHECKING:  # this module imports no torch: sizing a dataset for a plan does not need it
     from .splits import DatasetSplits

@@ -19,8 +19,8 @@ from typing import Iterable, Sequence
 
 from torch import nn
 
-from ..errors import UserError
-from ..schema.option_registries import PEFT_METHODS
+from ...errors import UserError
+from ...schema.option_registries import PEFT_METHODS
 
 #: Normalisation layers whose affine parameters FiLM trains. Library-specific norms that do not
 #: subclass these (timm RmsNorm, Llama-style RMSNorm, …) are matched by class-name suffix.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..registry import check_options
-from .registries import INPUT_SPECS, MODELS
+from ...registry import check_options
+from ..registries import INPUT_SPECS, MODELS
 
 
 def create_model(name: str, *, num_classes: int, input_shape: tuple[int, ...], **overrides: object) -> nn.Module:

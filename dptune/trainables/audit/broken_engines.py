@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Registry
-from .engine import DPEngine, Sums
-from .noise import GaussianNoise
+from ...registry import Registry
+from ..engine.dp_engine import DPEngine, Sums
+from ..engine.noise import GaussianNoise
 
 BROKEN: Registry = Registry("broken engine")
 

@@ -22,13 +22,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..errors import UserError
-from ..privacy import epsilon_spent
-from ..privacy.audit_bound import GRADIENT_CANARIES, INPUT_CANARIES, SIGNIFICANCE, AuditBound, audit_bound
+from ...errors import UserError
+from ...privacy import epsilon_spent
+from ...privacy.audit_bound import GRADIENT_CANARIES, INPUT_CANARIES, SIGNIFICANCE, AuditBound, audit_bound
 from .canaries import TAG_SCALE, CanaryHead, Canaries, gradient_scores, input_scores, plant
-from ..schema import TrainConfig
-from .distributed import Workers
-from .training import Trainer, backbone_options, load_training_data
+from ...schema import TrainConfig
+from ..engine.distributed import Workers
+from ..training import Trainer, backbone_options, load_training_data
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from ..errors import UserError
+from ...errors import UserError
 from .composite_rule import COMPOSITE, Composite, filled
 from .layer_rules import Call, LayerGrads, NormContext, _compute_dtype, _nbytes, linear_weight_grads
 from .recurrent import rnn_forward

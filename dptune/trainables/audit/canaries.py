@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from ..errors import UserError
-from .splits import DatasetSplits, take
+from ...errors import UserError
+from ..data.splits import DatasetSplits, take
 
 #: The tag logits start this far below zero: e^-30 ≈ 1e-13 of any other example's softmax.
 TAG_OFFSET = 30.0
@@ -130,7 +130,7 @@ def gradient_scores(tag_gradients: torch.Tensor, expected_batch_size: float) -> 
 @torch.no_grad()
 def input_scores(model: nn.Module, data: DatasetSplits, canaries: Canaries, device: torch.device) -> np.ndarray:
     """Scores of the input canaries: minus the final model's loss on each (its wrong label)."""
-    from .batching import model_outputs, to_device
+    from ..engine.batching import model_outputs, to_device
 
     rows = torch.as_tensor(canaries.test_rows[canaries.gradient:], dtype=torch.long)
     x, _ = take(data.test, rows)

@@ -5,8 +5,8 @@ from typing import Iterable
 
 import torch
 
-from ..errors import UserError
-from ..schema.option_registries import OPTIMIZERS
+from ...errors import UserError
+from ...schema.option_registries import OPTIMIZERS
 
 
 def sgd(params: Iterable[torch.nn.Parameter], *, lr: float, momentum: float,

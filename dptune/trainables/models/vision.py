@@ -14,9 +14,9 @@ from pathlib import Path
 
 from torch import nn
 
-from ..errors import UserError
+from ...errors import UserError
 from .finetuning import LoraSettings, apply_peft
-from .hub import ResourceNotFound, hub_access, unavailable
+from ..hub import ResourceNotFound, hub_access, unavailable
 
 #: Linear layers that get LoRA adapters when none are named (timm ViT attention).
 DEFAULT_LORA_TARGETS = ("qkv",)

@@ -25,9 +25,9 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset
 
-from ..errors import UserError
-from .data_sources import HF_SOURCES, HFSource, bbc_root, local_path
-from .hub import ResourceNotFound, hub_access, unavailable
+from ...errors import UserError
+from .sources import HF_SOURCES, HFSource, bbc_root, local_path
+from ..hub import ResourceNotFound, hub_access, unavailable
 from .splits import DatasetSplits
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def text_splits(name: str, texts: tuple[Sequence[str], Sequence[str]], labels: t
     if max_length < 2:
         raise UserError(f"max_length must be >= 2; got {max_length}")
     if tokenizer is None:
-        from .text_models import checkpoint_source
+        from ..models.text import checkpoint_source
 
         tokenizer = checkpoint_source("all-MiniLM-L6-v2")
     tok = _tokenizer(tokenizer)

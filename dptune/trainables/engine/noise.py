@@ -1,6 +1,6 @@
 """The noise of the DP step: s = Σ_i c_i g_i + σ C ξ, ξ ~ N(0, I) (docs/architecture.md, "The DP step").
 
-One part of :class:`~dptune.trainables.engine.DPEngine`, swappable on its own: it sees the clipped
+One part of :class:`~dptune.trainables.engine.dp_engine.DPEngine`, swappable on its own: it sees the clipped
 sums and nothing per-sample, and draws from its own source: a run's ``noise`` stream
 (:mod:`.randomness`: reproducible, or secure with the floating-point mitigation), a torch
 generator, or torch's default one. The noise is drawn, and added, in at least float32 whatever

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..schema.option_registries import CLIP_FNS
+from ...schema.option_registries import CLIP_FNS
 
 ClipFn = Callable[[torch.Tensor, float], torch.Tensor]
 #: AUTO-S stability constant γ (Bu et al. 2023, "Automatic clipping").

@@ -30,7 +30,7 @@ from torch.func import functional_call, vjp, vmap
 from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import UserError
+from ...errors import UserError
 from .layer_rules import Call, Rule, _materialised_rule, _nbytes
 from .recurrent import rnn_forward
 

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from ..errors import UserError
+from ...errors import UserError
 from .batching import Inputs, batch_len, model_outputs
 from .composite_rule import COMPOSITE, detached
 from .replay_rule import REPLAYED

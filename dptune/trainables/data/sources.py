@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .hub import ResourceNotFound
+from ..hub import ResourceNotFound
 
 @dataclass(frozen=True)
 class HFSource:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from ..errors import UserError
+from ...errors import UserError
 from .batching import Inputs, model_outputs
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import UserError
+from ...errors import UserError
 from .randomness import SeededStream, Stream, membership
 
 

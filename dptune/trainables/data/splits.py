@@ -10,7 +10,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset, default_collate
 
 
 
-from ..errors import UserError
+from ...errors import UserError
 @dataclass
 class DatasetSplits:
     name: str

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import UserError
+from ...errors import UserError
 from .norm_estimators import WEIGHT_NORMS, gram_sq_norms
 
 #: Per-sample weight gradients are materialised only while they take at most this many bytes per

@@ -25,10 +25,10 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ...errors import UserError
 from .finetuning import LoraSettings, apply_peft
-from .hub import ResourceNotFound, hub_access, unavailable
-from .registries import TEXT_BACKBONES
+from ..hub import ResourceNotFound, hub_access, unavailable
+from ..registries import TEXT_BACKBONES
 
 
 def checkpoint_source(name: str) -> str:
