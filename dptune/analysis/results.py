@@ -19,14 +19,12 @@ import pandas as pd
 from ..errors import UserError
 from ..platform.store import ResultsStore
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
-from ..schema import FIELDS, names
+from ..schema import FIELDS, HYPERPARAMETERS, names
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 #: Training options that split cells when they vary within a store (NULL means the default): the
 #: trial schema's fields declared ``cell``.
 OPTION_COLUMNS = names(cell=True)
-#: What every cell searches: (C, B, η).
-HYPERPARAMETERS = names(role="hyperparameter")
 #: The schema's δ unless set (a NULL delta in the store is the default).
 DEFAULT_DELTA = FIELDS["delta"].default
 DEFAULT_LABEL = "default"

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..schema import names
+from ..schema import HYPERPARAMETERS
 
 if TYPE_CHECKING:
     from .results import Sweep
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 #: Level of the paired one-sided test (and 1 − the interval's confidence).
 ALPHA = 0.05
 #: A configuration of a cell: the trial schema's hyperparameters (C, B, η).
-SETTING = list(names(role="hyperparameter"))
+SETTING = list(HYPERPARAMETERS)
 SINGLE_SEED = ("one seed per setting: no error bars — the optimum cannot be told from its neighbours "
                "(run several seeds, e.g. `seeds: [0, 1, 2]`)")
 

@@ -13,7 +13,7 @@ import time
 
 from ray import tune
 
-from ..schema import names
+from ..schema import HYPERPARAMETERS
 from .durable import write_json
 from .layout import ExperimentPaths, filesystem
 from .store import first_line
@@ -34,7 +34,7 @@ class LiveStatus(tune.Callback):
     def on_trial_start(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
         config = trial.config
         self.running[trial.trial_id] = {"cell": config.get("cell"),
-                                        **{k: config.get(k) for k in names(role="hyperparameter")},
+                                        **{k: config.get(k) for k in HYPERPARAMETERS},
                                         "epoch": 0, "started": time.time()}
         self._write()
 

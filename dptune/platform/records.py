@@ -9,7 +9,7 @@ from .store import to_json
 #: The trial schema's axes, and its other fields the store keeps as columns (C, B, η, the options
 #: that split cells, the seed, the randomness mode).
 AXES = names(role="axis")
-HYPERPARAMETERS = tuple(name for name in names(column=True) if name not in AXES)
+STORED_FIELDS = tuple(name for name in names(column=True) if name not in AXES)
 SELECTION_FIELDS = ("selection_k", "selection_draw", "trial_epsilon", "total_epsilon")
 EPOCH_FIELDS = ("epoch", "step", "epsilon_spent", "clipped_fraction", "train_time_s")
 
@@ -32,7 +32,7 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     metric = config.get("metric") or "test_accuracy"
     row = {"trial_id": trial_id, "experiment": experiment, "status": status, "error": error,
            "cell": config.get("cell")}
-    row.update({k: config.get(k) for k in AXES + HYPERPARAMETERS})
+    row.update({k: config.get(k) for k in AXES + STORED_FIELDS})
     # backbone and dataset with their options (the cell's labels), e.g. bbc_news[max_length=32]
     row["backbone"] = config.get("backbone_label") or config.get("model")
     row["dataset"] = config.get("dataset_label") or row["dataset"]

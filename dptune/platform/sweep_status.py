@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from ..errors import UserError
-from ..schema import names
+from ..schema import HYPERPARAMETERS
 from .durable import read_json
 from .layout import ExperimentPaths, filesystem
 from .store import ResultsStore
@@ -25,7 +25,7 @@ COLUMNS = ("cell", "finished", "running", "pending", "stopped", "errored", "best
 #: sweep's closing lines, ``optima.csv`` and the report average over seeds.
 COMPLETE = ("finished", "equivalent")
 #: What each cell searches (the trial schema's hyperparameters: C, B, η).
-SETTING = list(names(role="hyperparameter"))
+SETTING = list(HYPERPARAMETERS)
 
 
 @dataclass

@@ -4,7 +4,7 @@ Torch-free and Ray-free, below the trainer, the planner, the platform and the an
 derive their lists from it (:mod:`.trial`, :mod:`.metrics`, :mod:`.option_registries`).
 """
 from .metrics import LOSS_OF, METRICS, Metric
-from .trial import FIELDS, PLAN_FIGURES, ROLES, OptionError, Rule, TrainConfig, check_option, names, option
+from .trial import FIELDS, HYPERPARAMETERS, PLAN_FIGURES, ROLES, OptionError, Rule, TrainConfig, check_option, names, option
 
-__all__ = ["LOSS_OF", "METRICS", "Metric", "FIELDS", "PLAN_FIGURES", "ROLES", "OptionError", "Rule", "TrainConfig",
+__all__ = ["LOSS_OF", "METRICS", "Metric", "FIELDS", "HYPERPARAMETERS", "PLAN_FIGURES", "ROLES", "OptionError", "Rule", "TrainConfig",
            "check_option", "names", "option"]

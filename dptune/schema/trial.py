@@ -229,6 +229,9 @@ def names(*, role: str | None = None, spec: str | None = None, searched: bool | 
                  and (spec is None or spec in f.metadata["spec"]))
 
 
+#: What every cell searches: (C, B, η), the heatmaps', the optimum's and the error bars' columns.
+HYPERPARAMETERS = names(role="hyperparameter")
+
 #: The plan's figures: keys of a trial's flat config that the planner adds beside the training
 #: options (they are not :class:`TrainConfig` fields, and the trainer checks q and T against its own).
 PLAN_FIGURES = {

@@ -3,9 +3,6 @@ import base64
 import io
 import json
 import math
-import os
-import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import numpy as np
@@ -18,6 +15,7 @@ from dptune.cli import main
 from dptune.platform.launcher import RunSettings
 from dptune.platform.store import ResultsStore
 from dptune.platform.sweep import run_sweep
+from headless_browser import NO_BROWSER, chromium, run_headless
 from sweep_plans import digits_spec, plan_of
 
 pytestmark = pytest.mark.slow
@@ -146,22 +144,10 @@ def test_optimal_clip_at_a_checkpoint(sweep, tmp_path):
     assert "σ = 0;" in buf.getvalue()
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-@pytest.mark.skipif(_chromium() is None, reason="no headless browser: install chromium (apt-get install chromium)")
+@pytest.mark.skipif(chromium() is None, reason=NO_BROWSER)
 def test_headless_browser_screenshot_is_not_blank(report, tmp_path):
     shot = tmp_path / "shot.png"
-    subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,4000", f"--screenshot={shot}",
-                    report.as_uri()], check=True, capture_output=True, timeout=120,
-                   env={**os.environ, "HOME": str(tmp_path)})
+    run_headless(tmp_path, report, "--hide-scrollbars", "--window-size=1400,4000", f"--screenshot={shot}")
     pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
     background = np.median(pixels.reshape(-1, 3), axis=0)
     drawn = np.abs(pixels - background).sum(axis=2) > 30

@@ -3,10 +3,7 @@ import base64
 import io
 import itertools
 import math
-import os
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -16,6 +13,7 @@ from dptune.analysis.gradnorms import class_norms
 from dptune.analysis.report import build_report, write_heatmaps
 from dptune.analysis.results import Sweep
 from dptune.platform.store import ResultsStore
+from headless_browser import NO_BROWSER, chromium, run_headless
 
 CS, BS, LRS = (0.1, 1.0, 10.0), (32, 128, 512), (0.5, 1.0, 2.0)
 #: The planted optimum of each ε cell: (C, B, η). Different per cell, so a fixed setting has a cost.
@@ -230,7 +228,7 @@ def test_heatmaps_of_a_facet_share_one_colour_scale_and_no_label_overlaps_anothe
             assert not any(a.overlaps(b) for b in boxes[m]), (k, m)
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="no headless browser: install chromium")
+@pytest.mark.skipif(chromium() is None, reason=NO_BROWSER)
 def test_the_summary_table_fits_a_1300_pixel_page(tmp_path):
     """Issue 33, item 7: the report's summary table of a sweep like the default (two ε × two epoch
     budgets, nine η over three B, reproducible randomness) fits the page at a 1,300-pixel window — its
@@ -247,10 +245,6 @@ def test_the_summary_table_fits_a_1300_pixel_page(tmp_path):
                "document.title = Math.round(t.getBoundingClientRect().width) + ' ' + t.parentElement.clientWidth; });"
                "</script></body>")
     page.write_text(build_report(s).replace("</body>", measure))
-    dom = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
-                          "--disable-background-networking", "--disable-component-update", "--no-first-run",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1300,2000",
-                          "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)}).stdout
+    dom = run_headless(tmp_path, page, "--window-size=1300,2000", "--virtual-time-budget=3000", "--dump-dom").stdout
     width, room = map(int, re.search(r"<title>(\d+) (\d+)</title>", dom).groups())
     assert 600 < width <= room
