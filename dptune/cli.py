@@ -99,8 +99,12 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}).validate()
     trainer = Trainer(cfg)
     plan = trainer.plan
-    print(f"{cfg.dataset}: {trainer.n_train} train / {len(trainer.data.test)} test, "
-          f"{trainer.data.num_classes} classes; model {cfg.model}: {trainer.trainable:,} of "
+    data = trainer.data
+    task = (f"{data.num_classes} classes" if data.task == "classification" else
+            "prompt → completion, " + ", ".join(f"{n} {split} example(s) truncated to {data.input_shape[0]} tokens"
+                                                for split, n in data.truncated.items()))
+    print(f"{cfg.dataset}: {trainer.n_train} train / {len(data.test)} test, "
+          f"{task}; model {cfg.model}: {trainer.trainable:,} of "
           f"{trainer.total_params:,} parameters trainable ({trainer.trainable / trainer.total_params:.1%}); "
           f"device {trainer.device}", file=out)
     privacy = (f"ε={cfg.epsilon:g}, δ={cfg.delta:g}, σ={plan.noise_multiplier:.4f}, C={cfg.clip_bound:g}"
@@ -111,7 +115,9 @@ def run_train(args: argparse.Namespace, out: TextIO) -> int:
         def report(m: dict, history: list) -> None:
             line = f"epoch {m['epoch']:>3}/{trainer.num_epochs}  step {m['step']:>5}"
             for key, label in (("test_accuracy", "test acc"), ("test_loss", "loss"), ("validation_accuracy", "val acc"),
-                               ("selection_score", "noisy score")):
+                               ("selection_score", "noisy score"), ("test_nll", "test nll"),
+                               ("test_perplexity", "ppl"), ("validation_nll", "val nll"), ("test_rougeL", "ROUGE-L"),
+                               ("test_bleu", "BLEU")):
                 if key in m:
                     line += f"  {label} {m[key]:.4f}"
             line += f"  ε {m['epsilon_spent']:.3f}"
@@ -521,7 +527,8 @@ def _report_outcome(outcome, out: TextIO) -> int:
 
     paths = outcome.paths
     print(f"\n{outcome.finished} trials finished, {outcome.errored} errored; results store: {paths.store}\n"
-          f"best configuration per cell (diagnostic; selecting on test accuracy is not private):", file=out)
+          f"best configuration per cell (diagnostic; selecting on the {outcome.metric.replace('_', ' ')} is not "
+          "private):", file=out)
     if outcome.finished:   # each cell's optimum with its error bar, then what differs between cells
         write_heatmaps(ResultsStore(paths.store), paths.figures, out=out)
         print(f"heatmaps: {paths.figures}  (full report: dptune report --store {paths.root})", file=out)

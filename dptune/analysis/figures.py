@@ -67,25 +67,29 @@ def _wrap(title: str, width: int = 42) -> str:
 
 # -- heatmaps ------------------------------------------------------------------------------------
 def heatmap_figure(table: pd.DataFrame, cells: pd.DataFrame, facet: str, *, across: str = "epsilon",
-                   baseline: float | None = None) -> Figure:
-    """C × B heatmaps of the best accuracy over η, one panel per cell of a facet (ordered by
-    ``across``), on one colour scale (one colour bar: a colour means the same accuracy in every
-    panel); the optimum is starred with its η; errored-only settings read "error"."""
+                   baseline: float | None = None, metric: str = "test accuracy") -> Figure:
+    """C × B heatmaps of the best accuracy (the selected ``metric``) over η, one panel per cell of a
+    facet (ordered by ``across``), on one colour scale (one colour bar: a colour means the same value
+    in every panel; reversed where lower is better, so the bright end is always the better); the
+    optimum is starred with its η; errored-only settings read "error"."""
     fig, axes = _layout(len(cells), 4.4, 3.9)
-    shown = table[table["cell_name"].isin(cells["cell_name"])]["accuracy"].to_numpy(dtype=float)
-    finite = shown[np.isfinite(shown)]
+    shown = table[table["cell_name"].isin(cells["cell_name"])]
+    values = shown["accuracy"].to_numpy(dtype=float)
+    finite = values[np.isfinite(values)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     if hi - lo < 1e-3:
         lo, hi = lo - 0.005, hi + 0.005
-    meshes = [_heatmap_panel(ax, table[table["cell_name"] == cell["cell_name"]], cell["cell_name"], lo, hi)
+    lower = "score" in shown and bool(((shown["score"] == -shown["accuracy"]) & (shown["accuracy"] != 0)).any())
+    meshes = [_heatmap_panel(ax, table[table["cell_name"] == cell["cell_name"]], cell["cell_name"], lo, hi,
+                             lower=lower)
               for ax, (_, cell) in zip(axes, cells.iterrows())]
     meshes = [m for m in meshes if m is not None]
     if meshes and finite.size:
-        fig.colorbar(meshes[0], ax=axes, label="best accuracy over η (all panels)", shrink=0.9)
+        fig.colorbar(meshes[0], ax=axes, label=f"best {metric} over η (all panels)", shrink=0.9)
     note = f"; non-private baseline {baseline:.3f}" if baseline is not None and math.isfinite(baseline) else ""
     outlined = "; dashed = not distinguishable from it" if bool(table.get("indistinguishable", pd.Series(
         dtype=bool)).any()) else ""
-    fig.suptitle(f"{facet}: best test accuracy over η for each (C, B), across {_axis_name(across)}\n"
+    fig.suptitle(f"{facet}: best {metric} over η for each (C, B), across {_axis_name(across)}\n"
                  f"★ = optimum (its η written){outlined}{note}", fontsize=11)
     return fig
 
@@ -94,8 +98,10 @@ def _axis_name(column: str) -> str:
     return {"epsilon": "ε", "epochs": "epochs"}.get(column, column)
 
 
-def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
-    """One cell's panel on the colour scale [lo, hi]; returns its mesh (None: nothing drawn)."""
+def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float, lower: bool = False):
+    """One cell's panel on the colour scale [lo, hi] (reversed where ``lower`` is better); returns its
+    mesh (None: nothing drawn). The star marks the best ``score`` (the metric signed so that higher
+    is better)."""
     cs = sorted(table["clip_bound"].dropna().unique())
     bs = sorted(table["batch_size"].dropna().unique())
     ax.set_title(_wrap(title), fontsize=10)
@@ -103,17 +109,19 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
         ax.text(0.5, 0.5, "no (C, B) recorded", transform=ax.transAxes, ha="center", va="center")
         return None
     acc = np.full((len(bs), len(cs)), np.nan)
+    score = np.full_like(acc, np.nan)
     errored = np.zeros_like(acc, dtype=bool)
     tied = np.zeros_like(acc, dtype=bool)   # not distinguishable from the optimum (uncertainty.py)
     eta = np.full_like(acc, np.nan)
     for _, r in table.iterrows():
         i, j = bs.index(r["batch_size"]), cs.index(r["clip_bound"])
         acc[i, j], eta[i, j], errored[i, j] = r["accuracy"], r["learning_rate"], r["errored"] > 0
+        score[i, j] = r.get("score", r["accuracy"])
         tied[i, j] = bool(r.get("indistinguishable", False))
     finite = acc[np.isfinite(acc)]
     xe, ye = _edges(cs), _edges(bs)
     ax.set_facecolor("#e8e8e8")  # settings that were not run
-    mesh = ax.pcolormesh(xe, ye, np.ma.masked_invalid(acc), cmap="viridis", vmin=lo, vmax=hi,
+    mesh = ax.pcolormesh(xe, ye, np.ma.masked_invalid(acc), cmap="viridis_r" if lower else "viridis", vmin=lo, vmax=hi,
                          edgecolors="white", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -126,9 +134,13 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
     ax.set_xlabel("clipping bound C")
     ax.set_ylabel("batch size B")
     size = 8 if max(len(cs), len(bs)) <= 6 else 6 if max(len(cs), len(bs)) <= 10 else 0
+    def bright(value: float) -> bool:   # the colour under the text: black text on the bright end
+        shade = (value - lo) / (hi - lo)
+        return (1 - shade if lower else shade) > 0.6
+
     best = None
     if finite.size:  # ties go to the smaller C, then the smaller B (as in Sweep.optima)
-        j_best, i_best = np.unravel_index(np.nanargmax(acc.T), acc.T.shape)
+        j_best, i_best = np.unravel_index(np.nanargmax(score.T), score.T.shape)
         best = (i_best, j_best)
     for i in range(len(bs)):
         for j in range(len(cs)):
@@ -139,9 +151,8 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
                 ax.add_patch(Rectangle((xe[j], ye[i]), xe[j + 1] - xe[j], ye[i + 1] - ye[i], fill=False,
                                        edgecolor="#ff2d55", linewidth=1.4, linestyle="--"))
             if np.isfinite(acc[i, j]) and size:
-                shade = (acc[i, j] - lo) / (hi - lo)
                 ax.text(x, y, f"{acc[i, j]:.3f}", ha="center", va="center", fontsize=size,
-                        color="black" if shade > 0.6 else "white")
+                        color="black" if bright(acc[i, j]) else "white")
             elif errored[i, j]:
                 ax.text(x, y, "error", ha="center", va="center", fontsize=max(size, 6), color="#b00020")
     if best is None:
@@ -153,7 +164,7 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float):
                            linewidth=2.2))
     ax.text(math.sqrt(xe[j] * xe[j + 1]), math.sqrt(ye[i] * ye[i + 1]),
             f"★ {acc[i, j]:.3f}\nη={float(eta[i, j]):.2g}", ha="center", va="center", fontsize=max(size, 7),
-            fontweight="bold", color="black" if (acc[i, j] - lo) / (hi - lo) > 0.6 else "white")
+            fontweight="bold", color="black" if bright(acc[i, j]) else "white")
     return mesh
 
 

@@ -137,7 +137,8 @@ def heatmap_figures(a: Analysis) -> list[tuple[str, Figure]]:
     out = []
     for facet, cells in a.sweep.facets(a.across):
         baseline = _baseline_for(a, cells.iloc[0]) if a.across == "epsilon" else None
-        out.append((facet, figures.heatmap_figure(a.heatmap, cells, facet, across=a.across, baseline=baseline)))
+        out.append((facet, figures.heatmap_figure(a.heatmap, cells, facet, across=a.across, baseline=baseline,
+                                                  metric=a.sweep.metric_label)))
     return out
 
 
@@ -168,9 +169,10 @@ def gradnorm_figures(a: Analysis) -> list[tuple[str, Figure, Figure]]:
     return out
 
 
-def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = ()) -> list[str]:
-    """One line per cell: its optimal (C, B, η) and accuracy, with its error bar where seeds allow;
-    then the between-cell statements (or the one line saying a single seed cannot tell)."""
+def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = (), metric: str = "accuracy") -> list[str]:
+    """One line per cell: its optimal (C, B, η) and accuracy (the selected ``metric``, as
+    :attr:`Sweep.metric_label` names it), with its error bar where seeds allow; then the between-cell
+    statements (or the one line saying a single seed cannot tell)."""
     lines = []
     for _, r in optima.iterrows():
         if pd.isna(r["accuracy"]):
@@ -178,7 +180,7 @@ def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = ()) -> list
             continue
         clip = f"C={fmt(r['clip_bound'])}" if r["private"] else "no clipping"
         line = (f"{r['cell_name']}: {clip}, B={fmt(r['batch_size'])}, η={fmt(r['learning_rate'])}: "
-                f"accuracy {r['accuracy']:.4f} (mean of {int(r['seeds'])} seed(s))")
+                f"{metric} {r['accuracy']:.4f} (mean of {int(r['seeds'])} seed(s))")
         if pd.notna(r.get("accuracy_low")):
             line += (f", {1 - ALPHA:.0%} interval [{r['accuracy_low']:.4f}, {r['accuracy_high']:.4f}]; "
                      f"{int(r['indistinguishable'])} setting(s) not distinguishable from it, C in "
@@ -206,7 +208,7 @@ def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "e
     """Heatmaps (PNG and SVG) per facet, the fixed-setting cost chart, and their tables as CSV;
     with ``out``, also print each cell's optimum there."""
     a = analyse(store, across=across, fixed=fixed, noise=False, gradnorms=False)
-    for line in optimum_lines(a.optima, a.comparisons) if out is not None else ():
+    for line in optimum_lines(a.optima, a.comparisons, a.sweep.metric_label) if out is not None else ():
         print(line, file=out)
     printing, out = out, Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,12 @@ norm estimator, …), so trials that differ only in C, B, η and seed share a ce
 seeds of the same (C, B, η) are averaged before the best η is taken. Non-private rows (ε stored as
 NULL) form their own cells at ε = ∞; they have no clipping, so they get no C × B heatmap but are
 listed as baselines. Errored trials are counted, never used as results.
+
+The store's ``accuracy`` column holds the metric the sweep selected on (its ``metric`` column names
+it, ``metric_mode`` gives its direction: ``max``, or ``min`` for a language model's NLL). Every
+ranking here compares ``score`` = the value with its sign (−value where lower is better), so the
+optimum, the heatmaps' star and the cost of a fixed setting are right for either direction; the
+tables show the metric's own value.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import pandas as pd
 from ..errors import UserError
 from ..platform.store import ResultsStore
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
-from ..schema import FIELDS, HYPERPARAMETERS, names
+from ..schema import FIELDS, HYPERPARAMETERS, METRICS, names
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 #: Training options that split cells when they vary within a store (NULL means the default): the
@@ -81,6 +87,9 @@ class Sweep:
             t[column] = pd.to_numeric(t[column], errors="coerce").astype(float)
         # an errored or stopped trial has no result; a clip-equivalent one has its source's (same trajectory)
         t["accuracy"] = t["accuracy"].where(t["status"].isin(["finished", "equivalent"]))
+        lower = t["metric_mode"].eq("min") if "metric_mode" in t else pd.Series(False, index=t.index)
+        t["sign"] = np.where(lower.fillna(False).astype(bool), -1.0, 1.0)
+        t["score"] = t["sign"] * t["accuracy"]
         for column in ("dataset", "backbone"):
             t[column] = t[column].astype(object).where(t[column].notna(), "?")
         varying = []
@@ -93,6 +102,13 @@ class Sweep:
         t["cell_name"] = [_cell_name(dict(zip(cell_columns, row)))
                           for row in t[list(cell_columns)].itertuples(index=False)]
         return cls(t.reset_index(drop=True), cell_columns)
+
+    @property
+    def metric_label(self) -> str:
+        """How lines and figures name the stored metric: its label, with its direction where lower
+        is better ("accuracy" for a store that predates the ``metric`` column or mixes metrics)."""
+        metrics = set(self.trials["metric"].dropna()) if "metric" in self.trials else set()
+        return METRICS[metrics.pop()].titled if len(metrics) == 1 and next(iter(metrics)) in METRICS else "accuracy"
 
     # -- cells ---------------------------------------------------------------------------------
     def cells(self) -> pd.DataFrame:
@@ -122,7 +138,7 @@ class Sweep:
         return self.trials[self.trials["accuracy"].notna()]
 
     def heatmap_table(self) -> pd.DataFrame:
-        """Per private cell and (C, B): the best mean accuracy over η and that η.
+        """Per private cell and (C, B): the best mean accuracy (the selected metric) over η and that η.
 
         Seeds of one (C, B, η) are averaged first. A (C, B) whose trials all errored is kept with
         accuracy NaN and its error count, so a figure can mark it; likewise trials an early-stopping
@@ -133,9 +149,9 @@ class Sweep:
         keys = ["cell_name", "clip_bound", "batch_size"]
         per_lr = (private[private["accuracy"].notna()]
                   .groupby(keys + ["learning_rate"], dropna=False)
-                  .agg(accuracy=("accuracy", "mean"), seeds=("accuracy", "size")).reset_index()
-                  .sort_values(keys + ["learning_rate"]))
-        best = per_lr.loc[per_lr.groupby(keys)["accuracy"].idxmax()] if len(per_lr) else per_lr
+                  .agg(accuracy=("accuracy", "mean"), score=("score", "mean"), seeds=("accuracy", "size"))
+                  .reset_index().sort_values(keys + ["learning_rate"]))
+        best = per_lr.loc[per_lr.groupby(keys)["score"].idxmax()] if len(per_lr) else per_lr
         counts = per_lr.groupby(keys).size().rename("learning_rates")
         errored = (private.assign(errored=private["status"] == "error", stopped=private["status"] == "stopped")
                    .groupby(keys)[["errored", "stopped"]].sum())
@@ -163,11 +179,12 @@ class Sweep:
         extra = {c: (c, "mean") for c in ("noise_multiplier", "steps", "noise_sqrt_steps", "clipped_fraction")
                  if c in done}
         per_setting = (done.groupby(settings, dropna=False)
-                       .agg(accuracy=("accuracy", "mean"), seeds=("accuracy", "size"), **extra)
+                       .agg(accuracy=("accuracy", "mean"), score=("score", "mean"), seeds=("accuracy", "size"),
+                            **extra)
                        .reset_index().sort_values(settings))
         if per_setting.empty:
             return per_setting.assign(private=pd.Series(dtype=bool))
-        best = per_setting.loc[per_setting.groupby("cell_name")["accuracy"].idxmax()]
+        best = per_setting.loc[per_setting.groupby("cell_name")["score"].idxmax()]
         cells = self.cells()
         return cells.merge(best, on="cell_name", how="left")
 
@@ -188,7 +205,7 @@ class Sweep:
             raise UserError("give both the clipping bound and the batch size of the fixed setting, or neither")
         if clip_bound is None:
             cells = table["cell_name"].nunique()
-            stats = table.groupby(["clip_bound", "batch_size"])["accuracy"].agg(["size", "mean"]).reset_index()
+            stats = table.groupby(["clip_bound", "batch_size"])["score"].agg(["size", "mean"]).reset_index()
             stats = stats[stats["size"] == cells].sort_values(["mean", "clip_bound", "batch_size"],
                                                               ascending=[False, True, True])
             if stats.empty:
@@ -201,11 +218,13 @@ class Sweep:
             raise UserError(f"the fixed setting C={clip_bound:g}, B={batch_size:g} was not run in any cell")
         optima = self.optima()
         optima = optima[optima["private"] & optima["accuracy"].notna()]
-        out = optima[["cell_name", "clip_bound", "batch_size", "learning_rate", "accuracy"]].merge(
-            at[["cell_name", "learning_rate", "accuracy"]].rename(
-                columns={"learning_rate": "fixed_learning_rate", "accuracy": "fixed_accuracy"}),
+        out = optima[["cell_name", "clip_bound", "batch_size", "learning_rate", "accuracy", "score"]].merge(
+            at[["cell_name", "learning_rate", "accuracy", "score"]].rename(
+                columns={"learning_rate": "fixed_learning_rate", "accuracy": "fixed_accuracy",
+                         "score": "fixed_score"}),
             on="cell_name", how="left")
-        out["cost"] = out["accuracy"] - out["fixed_accuracy"]
+        out["cost"] = out["score"] - out["fixed_score"]   # ≥ 0: how much worse, in the metric's units
+        out = out.drop(columns=["score", "fixed_score"])
         return (clip_bound, batch_size), out.reset_index(drop=True)
 
     def summary(self) -> pd.DataFrame:
@@ -214,6 +233,7 @@ class Sweep:
         for _, cell in self.cells().iterrows():
             t = self.trials[self.trials["cell_name"] == cell["cell_name"]]
             acc = t["accuracy"].dropna()
+            best = t.loc[t["score"].idxmax(), "accuracy"] if len(acc) else np.nan
             row = {"cell": cell["cell_name"], "trials": len(t),
                    "finished": int((t["status"] == "finished").sum()),
                    "errored": int((t["status"] == "error").sum()),
@@ -221,7 +241,7 @@ class Sweep:
                    "equivalent": int((t["status"] == "equivalent").sum()),
                    "C": _values(t["clip_bound"]) if cell["private"] else "— (no clipping)",
                    "B": _values(t["batch_size"]), "η": _values(t["learning_rate"]),
-                   "best accuracy": acc.max() if len(acc) else np.nan,
+                   "best accuracy": best,
                    "median accuracy": acc.median() if len(acc) else np.nan}
             if "train_time_s" in t:
                 row["train time (s)"] = float(pd.to_numeric(t["train_time_s"], errors="coerce").sum())

@@ -45,18 +45,26 @@ COMPLETE = ("finished", "equivalent")
 
 
 def per_seed(trials: pd.DataFrame) -> pd.DataFrame:
-    """Complete private trials as one row per (cell, setting) and one column per seed: accuracy."""
+    """Complete private trials as one row per (cell, setting) and one column per seed: the score
+    (the selected metric, negated where lower is better: higher is better here, as in ``Sweep``)."""
     done = trials[trials["private"] & trials["accuracy"].notna() & trials["status"].isin(COMPLETE)]
     if done.empty:
         return pd.DataFrame()
     done = done.assign(seed=done["seed"].fillna(0) if "seed" in done else 0)   # no seed recorded: one seed
-    return done.pivot_table(index=["cell_name", *SETTING], columns="seed", values="accuracy", aggfunc="mean")
+    return done.pivot_table(index=["cell_name", *SETTING], columns="seed", values="score", aggfunc="mean")
 
 
-def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
-    """Per (cell, setting) of a :func:`per_seed` table: its seed-mean, seeds, the one-sided paired
-    p-value of "the cell's best is better", and ``indistinguishable`` (p ≥ alpha, or the best itself;
-    False where fewer than two seeds are shared: no test)."""
+def cell_signs(trials: pd.DataFrame) -> dict[str, float]:
+    """Each cell's sign: score = sign × the metric's value (−1 where lower is better)."""
+    return trials.groupby("cell_name")["sign"].first().to_dict()
+
+
+def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA, signs: dict[str, float] | None = None) -> pd.DataFrame:
+    """Per (cell, setting) of a :func:`per_seed` table: its seed-mean (in the metric's own units:
+    ``signs`` from :func:`cell_signs`, +1 when not given), seeds, the one-sided paired p-value of
+    "the cell's best is better", and ``indistinguishable`` (p ≥ alpha, or the best itself; False
+    where fewer than two seeds are shared: no test)."""
+    signs = signs or {}
     rows = []
     for cell, block in table.groupby(level="cell_name"):
         means = block.mean(axis=1)
@@ -74,7 +82,8 @@ def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame
                 else:
                     p = float(stats.ttest_rel(block.loc[best][shared], accuracies[shared],
                                               alternative="greater").pvalue)
-            rows.append({"cell_name": cell, **dict(zip(SETTING, key[1:])), "accuracy": float(means[key]),
+            rows.append({"cell_name": cell, **dict(zip(SETTING, key[1:])),
+                         "accuracy": signs.get(cell, 1.0) * float(means[key]),
                          "seeds": int(accuracies.notna().sum()), "p_value": p, "best": key == best,
                          "indistinguishable": bool(key == best or (not math.isnan(p) and p >= alpha))})
     return pd.DataFrame(rows)
@@ -94,14 +103,16 @@ def metric_range(trials: pd.DataFrame) -> tuple[float, float]:
 
 
 def optimum_intervals(sets: pd.DataFrame, table: pd.DataFrame, alpha: float = ALPHA,
-                      bounds: tuple[float, float] = (-math.inf, math.inf)) -> pd.DataFrame:
-    """Per cell: the best setting's t-interval (1 − alpha) of its mean accuracy, cut to the metric's
-    range ``bounds``, how many settings are indistinguishable from it, and the range of C, B and η over
-    them."""
+                      bounds: tuple[float, float] = (-math.inf, math.inf),
+                      signs: dict[str, float] | None = None) -> pd.DataFrame:
+    """Per cell: the best setting's t-interval (1 − alpha) of its mean accuracy (the metric, in its
+    own units: ``signs`` as for :func:`indistinguishable`), cut to the metric's range ``bounds``, how
+    many settings are indistinguishable from it, and the range of C, B and η over them."""
+    signs = signs or {}
     rows = []
     for cell, group in sets.groupby("cell_name"):
         best = group[group["best"]].iloc[0]
-        values = table.loc[(cell, *[best[c] for c in SETTING])].dropna().to_numpy(dtype=float)
+        values = signs.get(cell, 1.0) * table.loc[(cell, *[best[c] for c in SETTING])].dropna().to_numpy(dtype=float)
         n = len(values)
         low = high = math.nan
         if n >= 2:
@@ -137,11 +148,12 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
     table = per_seed(sweep.trials)
     if table.empty or int(table.notna().sum(axis=1).max()) < 2:
         return heatmap.assign(indistinguishable=False), optima, [SINGLE_SEED] if not table.empty else []
-    sets = indistinguishable(table)
+    signs = cell_signs(sweep.trials)
+    sets = indistinguishable(table, signs=signs)
     keys = ["cell_name", *SETTING]
     heatmap = heatmap.merge(sets[keys + ["indistinguishable", "p_value"]], on=keys, how="left")
     heatmap["indistinguishable"] = heatmap["indistinguishable"].fillna(False).astype(bool)
-    intervals = optimum_intervals(sets, table, bounds=metric_range(sweep.trials))
+    intervals = optimum_intervals(sets, table, bounds=metric_range(sweep.trials), signs=signs)
     axes = [across] + [a for a in sweep.cell_columns if a != across and sweep.trials[a].nunique() > 1]
     statements, ties = [], 0
     for axis in axes:

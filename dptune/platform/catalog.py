@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+from pathlib import Path
 
 from ..errors import UserError
 from ..registry import check_options
@@ -16,7 +18,7 @@ from ..search_spaces import Catalog
 from ..search_spaces.search_sections import BACKBONE_FIELDS, DATASET_OPTIONS
 from ..schema import check_option
 from ..trainables.data.catalog import train_size
-from ..trainables.registries import DATASETS, MODELS
+from ..trainables.registries import DATASETS, MODELS, check_pairing, dataset_task
 
 #: Model options that configure LoRA adapters: meaningful only with ``peft: lora``.
 LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
@@ -63,8 +65,35 @@ def check_dataset(name: str, options: dict) -> None:
     check_options("dataset", name, loader, dict(options), implicit=implicit)
 
 
+def _model_type(name: str, options: dict) -> str | None:
+    """The transformers model type of an ``hf:`` backbone, where it can be read without loading it:
+    ``hf:<model type>`` with random weights, or the ``config.json`` of a local checkpoint."""
+    rest = name.partition(":")[2]
+    weights = options.get("weights")
+    if weights == "random":
+        return rest
+    folder = Path(str(weights if weights is not None else rest)).expanduser()
+    config = folder / "config.json"
+    return json.loads(config.read_text()).get("model_type") if config.is_file() else None
+
+
+def check_task_pairing(name: str, options: dict, dataset: str) -> None:
+    """Refuse a backbone that cannot learn the dataset's task (one line): a generation task needs a
+    causal LM, and an ``hf:`` checkpoint whose model type has no causal-LM head is refused from its
+    config before anything runs."""
+    check_pairing(name, dataset)
+    if dataset_task(dataset) == "generation" and name.startswith("hf:"):
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        model_type = _model_type(name, options)
+        if model_type is not None and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise UserError(f"model {name!r}: a {model_type} model has no causal-LM head; dataset {dataset!r} is a "
+                            f"generation task (e.g. llama, qwen2, gpt2, smollm2-135m)")
+
+
 def trainables_catalog() -> Catalog:
     """The registered datasets (with their sizes) and backbones (``timm:``/``hf:`` families
     included), the trainer's rule for every trial option, and the option checks."""
     return Catalog(datasets=DATASETS, backbones=MODELS, dataset_size=dataset_size, check_trial_option=check_option,
-                   check_backbone=check_backbone, check_dataset=check_dataset)
+                   check_backbone=check_backbone, check_dataset=check_dataset, task_of=dataset_task,
+                   check_pairing=check_task_pairing)

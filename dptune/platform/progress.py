@@ -7,11 +7,12 @@ import time
 
 from ray import tune
 
+from ..schema import METRICS
 from .callbacks import stopped_early
 
 
 class TrialLines(tune.Callback):
-    """Prints ``[k/total] status cell C B η: accuracy, ε spent (seconds)`` when a trial ends."""
+    """Prints ``[k/total] status cell C B η: the selected metric, ε spent (seconds)`` when a trial ends."""
 
     def __init__(self, total: int | None = None) -> None:
         self.total = total
@@ -36,9 +37,10 @@ class TrialLines(tune.Callback):
         if "clip_bound" in train:
             parts.append(f"C={train['clip_bound']:g} B={train.get('batch_size')} η={train.get('learning_rate', 0):.3g}"
                          + (f" seed={train['seed']}" if "seed" in train else ""))
-        value = last.get(train.get("metric", "test_accuracy"))
+        metric = train.get("metric", "test_accuracy")
+        value = last.get(metric)
         if value is not None:
-            parts.append(f"acc {value:.4f}")
+            parts.append(f"{METRICS[metric].short if metric in METRICS else metric} {value:.4f}")
         if "epsilon_spent" in last:
             parts.append(f"ε {last['epsilon_spent']:.3g}")
         started = self._started.pop(trial.trial_id, None)

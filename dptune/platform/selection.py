@@ -24,13 +24,12 @@ from .tune_adapter import checkpoint_state
 def selected_test_accuracy(state: dict) -> float:
     """Test accuracy of the model in a trial's final checkpoint state (rebuilt from its config)."""
     from ..schema import TrainConfig
-    from ..trainables.training import Trainer, evaluate   # torch: only where a release is tested
+    from ..trainables.training import Trainer   # torch: only where a release is tested
 
     trainer_state = state["trainer"]
     trainer = Trainer(TrainConfig.from_dict({**trainer_state["config"], "device": "cpu"}))
     trainer.model.load_state_dict(trainer_state["model"], strict=False)
-    data = trainer.data
-    return float(evaluate(trainer.model, data.test, data.num_classes, trainer.device)["accuracy"])
+    return float(trainer.task.evaluate(trainer.model, trainer.data.test, trainer.device, "test")["test_accuracy"])
 
 
 def release_selections(results: Iterable, paths: ExperimentPaths, *, out: TextIO = sys.stdout) -> list[dict]:

@@ -47,6 +47,8 @@ class SweepOutcome:
     #: planned trials that have not ended (handed out and lost, queued, cells with configurations
     #: left): 0 for a complete sweep; `dptune resume` runs the rest
     unrun: int = 0
+    #: the metric the sweep selected on (``SweepPlan.metric``)
+    metric: str = "test_accuracy"
 
 
 def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool = True,
@@ -178,7 +180,8 @@ def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSea
     if unrun:
         print(f"dptune: the plan is not complete: {unrun} planned trial(s) did not run; "
               f"`dptune resume {settings.paths.root}` runs them", file=out)
-    return SweepOutcome(settings.paths, len(results) - errored, errored, results, unrun)
+    metric = searcher.metric if searcher is not None else "test_accuracy"
+    return SweepOutcome(settings.paths, len(results) - errored, errored, results, unrun, metric)
 
 
 def summary_table(store: str) -> str:

@@ -72,13 +72,16 @@ def _duration(seconds: float) -> str:
 
 
 def best_setting(trials: pd.DataFrame) -> str:
-    """A cell's best (C, B, η) so far as the sweep's closing lines give it: the largest mean over seeds
-    of its complete runs (finished, or clip-equivalent to one), stopped runs left out; "—" if none."""
+    """A cell's best (C, B, η) so far as the sweep's closing lines give it: the best mean over seeds
+    of its complete runs (finished, or clip-equivalent to one), stopped runs left out — the largest,
+    or the smallest where the selected metric is lower-is-better (``metric_mode`` min); "—" if none."""
     done = trials[trials["status"].isin(COMPLETE)].dropna(subset=["accuracy"]) if len(trials) else trials
     if not len(done):
         return "—"
     means = done.groupby(SETTING)["accuracy"].agg(["mean", "size"])
-    (c, b, lr), top = means["mean"].idxmax(), means.loc[means["mean"].idxmax()]
+    lower = "metric_mode" in done and bool((done["metric_mode"] == "min").any())
+    best = means["mean"].idxmin() if lower else means["mean"].idxmax()
+    (c, b, lr), top = best, means.loc[best]
     return f"{top['mean']:.3f} (C={c:g}, B={int(b)}, η={lr:.3g}; {int(top['size'])} seed{'s' if top['size'] > 1 else ''})"
 
 

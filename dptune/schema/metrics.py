@@ -1,10 +1,14 @@
 """The metrics a trial reports, each with its direction and its loss: declared once.
 
-A run's metrics are named for what they measure: ``test_accuracy`` and ``test_loss`` (with
-``per_class_accuracy``) every epoch; with a validation split ``validation_accuracy`` and
-``validation_loss`` (what a search selects on; NOT private); under private selection nothing until
-the end, then ``selection_score`` (the noisy validation accuracy). A sweep selects on one of them;
-the search, the schedulers and the store read its direction here, and the store keeps the metric's
+A run's metrics are named for what they measure. A classification reports ``test_accuracy`` and
+``test_loss`` (with ``per_class_accuracy``) every epoch; with a validation split
+``validation_accuracy`` and ``validation_loss`` (what a search selects on; NOT private); under
+private selection nothing until the end, then ``selection_score`` (the noisy validation accuracy).
+A generation task (prompt → completion) reports ``test_nll`` (per completion token) and
+``test_perplexity`` every epoch (``validation_*`` likewise), and at the end ``test_rougeL`` and
+``test_bleu`` of greedy completions. A sweep selects on one of them (:data:`TASK_METRICS`: those a
+task reports every epoch, so the schedulers can compare trials as they run); the search, the
+schedulers, the store and the analysis read its direction here, and the store keeps the metric's
 name and direction beside its value.
 """
 from __future__ import annotations
@@ -15,19 +19,40 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Metric:
     """A trial metric: ``mode`` ``max`` (higher is better) or ``min``; ``loss`` the metric reported
-    beside it (``None``: none)."""
+    beside it (``None``: none); ``label`` how lines and figures name it, ``short`` how a trial's
+    one-line outcome does."""
 
     name: str
     mode: str
     loss: str | None
     description: str
+    label: str
+    short: str
+
+    @property
+    def titled(self) -> str:
+        """The label, saying the direction where lower is better."""
+        return self.label + (" (lower is better)" if self.mode == "min" else "")
 
 
 METRICS = {m.name: m for m in (
-    Metric("test_accuracy", "max", "test_loss", "accuracy on the test split"),
-    Metric("validation_accuracy", "max", "validation_loss", "accuracy on the validation split (NOT private)"),
-    Metric("selection_score", "max", None, "private selection's noisy validation accuracy"),
+    Metric("test_accuracy", "max", "test_loss", "accuracy on the test split", "accuracy", "acc"),
+    Metric("validation_accuracy", "max", "validation_loss", "accuracy on the validation split (NOT private)",
+           "validation accuracy", "val acc"),
+    Metric("selection_score", "max", None, "private selection's noisy validation accuracy", "noisy score", "score"),
+    Metric("test_nll", "min", "test_nll", "NLL per completion token on the test split", "test NLL", "nll"),
+    Metric("validation_nll", "min", "validation_nll", "NLL per completion token on the validation split (NOT "
+                                                      "private)", "validation NLL", "val nll"),
 )}
 
 #: Each metric's loss (``None``: none is reported beside it).
 LOSS_OF = {name: m.loss for name, m in METRICS.items()}
+#: The losses a trial reports: one that is not finite means the run diverged.
+LOSSES = tuple(sorted({m.loss for m in METRICS.values() if m.loss is not None}))
+
+#: What each task reports every epoch that a sweep may select on: (on the test split, on a
+#: validation split). The first is the task's default.
+TASK_METRICS = {"classification": ("test_accuracy", "validation_accuracy"),
+                "generation": ("test_nll", "validation_nll")}
+#: Tasks (the ``task`` of a dataset; datasets not named in a registry's task table are classifications).
+TASKS = tuple(TASK_METRICS)

@@ -170,8 +170,19 @@ class TrainConfig:
     data_dir: str | None = option(None, "local copy of an HF dataset: a save_to_disk directory, Parquet files or an "
                                         "image folder", rule=Rule(lambda v: isinstance(v, str) and bool(v), "a path"),
                                   spec=("dataset",))
-    max_length: int | None = option(None, "text: tokens per example [the dataset's default, 128]", rule=whole(2),
-                                    spec=("dataset",))
+    max_length: int | None = option(None, "text: tokens per example [the dataset's default: 128 for classification, "
+                                          "256 for generation]", rule=whole(2), spec=("dataset",))
+    prompt_field: str | None = option(None, "generation data (text_pairs): the field holding each prompt [prompt]",
+                                      rule=Rule(lambda v: isinstance(v, str) and bool(v), "a field name"),
+                                      spec=("dataset",))
+    completion_field: str | None = option(None, "generation data (text_pairs): the field holding each completion "
+                                                "[completion]", rule=Rule(lambda v: isinstance(v, str) and bool(v),
+                                                                          "a field name"), spec=("dataset",))
+    generation_examples: int | None = option(None, "generation tasks: greedy completions of this many test prompts "
+                                                   "are scored (ROUGE-L, BLEU) at the end of training [all; 0: none]",
+                                             rule=whole(0), spec=("trial",))
+    max_new_tokens: int = option(32, "generation tasks: tokens generated per test prompt at most", rule=whole(1),
+                                 spec=("trial",))
     validation_fraction: float = option(0.0, "hold out this seeded, stratified fraction of the training data for "
                                              "selection: 'accuracy' is then validation accuracy, test accuracy is "
                                              "reported beside it (selection on it is NOT private); σ is calibrated "

@@ -206,7 +206,7 @@ class CellPlan:
         if "model_options" in train:
             model_options = {**self.trial.config().get("model_options", {}), **train["model_options"]}
             train["model_options"] = model_options
-        plan = {"cell": c.key, "metric": self.space.selection.metric,
+        plan = {"cell": c.key, "metric": self.space.metric,
                 "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
                 "noise_sqrt_steps": float(row["noise_sqrt_steps"]), "lr_multiplier": float(lr_multiplier),
                 "backbone_label": c.backbone.label, "dataset_label": c.dataset.label}
@@ -373,8 +373,8 @@ class SweepPlan:
 
     @property
     def metric(self) -> str:
-        """The trial metric the search and the scheduler compare (``Selection.metric``)."""
-        return self.space.selection.metric
+        """The trial metric the search and the scheduler compare (``SearchSpace.metric``)."""
+        return self.space.metric
 
     @property
     def mode(self) -> str:

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..privacy.validation import check_estimator
 from ..schema import FIELDS, names
+from ..schema.metrics import TASK_METRICS
 from .batches import MIN_STEPS, PLATEAU_TOL
 from .proxy import MIN_PROXY_SIGMA
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
@@ -91,6 +92,7 @@ class Axes:
     backbone: tuple[AxisValue, ...]
     dataset: tuple[AxisValue, ...]
     epochs: tuple[float, ...]
+    task: str = "classification"   # the datasets' one task (classification or generation)
 
 
 @dataclass(frozen=True)
@@ -228,19 +230,23 @@ class Selection:
     mean_trials: float = 10.0
     shape: float | None = None           # truncated_negative_binomial only (default 1)
     score_noise: float = 0.05            # std of the Gaussian noise on validation accuracy
+    named_metric: str | None = None      # ``selection.metric`` as the spec names it (None: the task's default)
 
     @property
     def private(self) -> bool:
         return self.mode == "private"
 
-    @property
-    def metric(self) -> str:
-        """What trials are compared on: the noisy validation score under private selection, the
-        validation accuracy with a validation split (NOT private), else the test accuracy (NOT
-        private either: a diagnostic of the grid)."""
+    def metric_for(self, task: str) -> str:
+        """What trials are compared on: the metric the spec names, else the noisy validation score
+        under private selection, else the task's metric on the validation split when there is one
+        (NOT private), else on the test split (NOT private either: a diagnostic of the grid); a
+        classification's accuracy, a generation's NLL (:data:`~dptune.schema.metrics.TASK_METRICS`)."""
+        if self.named_metric is not None:
+            return self.named_metric
         if self.private:
             return "selection_score"
-        return "validation_accuracy" if self.validation_fraction > 0 else "test_accuracy"
+        test, validation = TASK_METRICS[task]
+        return validation if self.validation_fraction > 0 else test
 
     def trial_count(self):
         """The law of K (:class:`dptune.privacy.selection.TrialCount`)."""
@@ -265,6 +271,11 @@ class SearchSpace:
     selection: Selection = field(default_factory=Selection)
     #: each lever on or off and why (:class:`~.levers.Lever`), once :func:`~.levers.with_levers` decided them
     levers: tuple = ()
+
+    @property
+    def metric(self) -> str:
+        """The trial metric the search, the schedulers and the store compare (:meth:`Selection.metric_for`)."""
+        return self.selection.metric_for(self.axes.task)
 
     @classmethod
     def from_spec(cls, spec: Spec) -> "SearchSpace":
@@ -354,12 +365,19 @@ def parse_axes(value: Any, catalog: Catalog) -> Axes:
         if b.name not in catalog.backbones:
             raise SpecError(f"axes.backbone: unknown backbone {b.name!r}; registered: {_choices(catalog.backbones)}")
         _check_options(catalog.check_backbone, "backbone", b, path)
+    datasets = one_or_many(raw["dataset"], "axes.dataset", _axis_value)
+    tasks = {d.name: catalog.task_of(d.name) if catalog.task_of is not None and d.name in catalog.datasets
+             else "classification" for d in datasets}
+    if len(set(tasks.values())) > 1:
+        raise SpecError("axes.dataset: one task per sweep (the metric it selects on has one direction); got "
+                        + ", ".join(f"{name} ({task})" for name, task in tasks.items()))
     return Axes(
         epsilon=one_or_many(raw["epsilon"], "axes.epsilon", _epsilon),
         delta=one_or_many(raw.get("delta", FIELDS["delta"].default), "axes.delta", lambda v, p: number(v, p, gt=0, lt=1)),
         backbone=backbones,
-        dataset=one_or_many(raw["dataset"], "axes.dataset", _axis_value),
+        dataset=datasets,
         epochs=one_or_many(raw["epochs"], "axes.epochs", _positive),
+        task=next(iter(tasks.values())),
     )
 
 
@@ -526,17 +544,25 @@ def parse_trial(value: Any, catalog: Catalog) -> TrialOptions:
 
 
 @register_section("selection", default={}, summary="validation_fraction (held-out part of the training data the "
-                                                    "search selects on) and mode: nonprivate, or private (K random "
-                                                    "trials, noisy scores, ε of the released model)")
+                                                    "search selects on), metric (what trials are compared on: "
+                                                    "test_accuracy, validation_accuracy, test_nll, validation_nll; "
+                                                    "the task's by default) and mode: nonprivate, or private (K "
+                                                    "random trials, noisy scores, ε of the released model)")
 def parse_selection(value: Any, catalog: Catalog) -> Selection:
-    raw = mapping(value, "selection", ("validation_fraction", "mode", *PRIVATE_SELECTION_KEYS))
+    raw = mapping(value, "selection", ("validation_fraction", "mode", "metric", *PRIVATE_SELECTION_KEYS))
     mode = choice(raw.get("mode", "nonprivate"), "selection.mode", SELECTION_MODES)
     if mode == "nonprivate":
         for key in PRIVATE_SELECTION_KEYS:
             if key in raw:
                 raise SpecError(f"selection.{key}: only applies to selection.mode private")
-        return Selection(**({"validation_fraction": number(raw["validation_fraction"], "selection.validation_fraction",
-                                                           ge=0, lt=0.5)} if "validation_fraction" in raw else {}))
+        given = {"validation_fraction": number(raw["validation_fraction"], "selection.validation_fraction",
+                                               ge=0, lt=0.5)} if "validation_fraction" in raw else {}
+        if raw.get("metric") is not None:
+            given["named_metric"] = choice(raw["metric"], "selection.metric",
+                                           tuple(m for ms in TASK_METRICS.values() for m in ms))
+        return Selection(**given)
+    if "metric" in raw:
+        raise SpecError("selection.metric: selection.mode private selects on its noisy validation accuracy; remove it")
     given = {"mode": mode, "validation_fraction": number(raw.get("validation_fraction", PRIVATE_VALIDATION_FRACTION),
                                                          "selection.validation_fraction", gt=0, lt=0.5)}
     if "distribution" in raw:
@@ -628,6 +654,39 @@ def check_search_budget(spec: Spec, catalog: Catalog) -> None:
     if search.startup_trials is not None and search.startup_trials > search.budget:
         raise SpecError(f"search.startup_trials: must be <= search.budget ({search.budget}); "
                         f"got {search.startup_trials}")
+
+
+@register_check
+def check_selection_metric(spec: Spec, catalog: Catalog) -> None:
+    """The metric a sweep selects on must be one its task reports every epoch, on a split it has
+    (a validation metric needs ``validation_fraction``); private selection scores accuracy, so it
+    selects among classifiers only."""
+    selection, task = spec["selection"], spec["axes"].task
+    if selection.private and task != "classification":
+        raise SpecError(f"selection.mode: private selection releases a noisy validation accuracy; the datasets are a "
+                        f"{task} task (use selection.mode nonprivate)")
+    metric = selection.named_metric
+    if metric is None:
+        return
+    if metric not in TASK_METRICS[task]:
+        raise SpecError(f"selection.metric: a {task} task reports {', '.join(TASK_METRICS[task])}; got {metric!r}")
+    if metric.startswith("validation_") and not selection.validation_fraction > 0:
+        raise SpecError(f"selection.metric: {metric} needs a validation split (selection.validation_fraction > 0)")
+
+
+@register_check
+def check_pairings(spec: Spec, catalog: Catalog) -> None:
+    """Every backbone must be able to learn every dataset's task (a generation task needs a causal
+    LM), before anything runs."""
+    if catalog.check_pairing is None:
+        return
+    for backbone in spec["axes"].backbone:
+        for dataset in spec["axes"].dataset:
+            if dataset.name in catalog.datasets:
+                try:
+                    catalog.check_pairing(backbone.name, dict(backbone.options), dataset.name)
+                except ValueError as exc:
+                    raise SpecError(f"axes: {exc}") from None
 
 
 @register_check

@@ -41,7 +41,9 @@ class Catalog:
     ``OptionError``; an option the trainer does not have is refused the same way); None: trial
     options are not checked. ``check_backbone(name, options)`` / ``check_dataset(name, options)``
     raise a one-line ValueError naming an option the model or dataset builder does not take (None:
-    not checked).
+    not checked). ``task_of(name)`` is a registered dataset's task (``classification`` or
+    ``generation``; None: every dataset is a classification); ``check_pairing(backbone, options,
+    dataset)`` raises a one-line ValueError when the backbone cannot learn the dataset's task.
     """
 
     datasets: Collection[str]
@@ -50,6 +52,8 @@ class Catalog:
     check_trial_option: Callable[[str, Any], Any] | None = None
     check_backbone: Callable[[str, dict], None] | None = None
     check_dataset: Callable[[str, dict], None] | None = None
+    task_of: Callable[[str], str] | None = None
+    check_pairing: Callable[[str, dict, str], None] | None = None
 
 
 Parser = Callable[[Any, Catalog], Any]

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlparse
 
@@ -87,3 +88,12 @@ def unavailable(kind: str, name: str, source: str, how: str) -> ResourceNotFound
     where = ("not found on the Hugging Face hub" if hub_reachable()
              else "not in the local HF cache, and the hub is unreachable")
     return ResourceNotFound(f"{kind} {name!r} is not available: {source} {where}; {how}")
+
+
+def pretrained_location(source: str) -> dict:
+    """``from_pretrained`` arguments for a checkpoint source: a directory or hub id as it is, a
+    ``.gguf`` file as its directory plus ``gguf_file`` (transformers reads it with ``gguf``)."""
+    path = Path(source)
+    if path.suffix == ".gguf":
+        return {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
+    return {"pretrained_model_name_or_path": source}

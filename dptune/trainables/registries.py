@@ -18,13 +18,21 @@ registry           ``kind`` (the field)  entries
 ``DIAGNOSTICS``    diagnostics          non-private diagnostics of a DP step (classes)
 ``PEFT_METHODS``   peft                 what a pretrained backbone trains (names; ``finetuning``)
 ``MODELS``         model                builders fn(*, num_classes, input_shape, **options)
+``CAUSAL_LMS``     model (generation)   causal-LM builders, same signature
 ``INPUT_SPECS``    model input spec     fn(**model options) -> dataset options (pretrained only)
+``LM_INPUT_SPECS`` model input spec     the same for the causal LMs
 ``DATASETS``       dataset              loaders fn(*, seed, **options) -> DatasetSplits
 ``TRAIN_SIZES``    dataset size         fn(**options) -> N without loading (or None: load it)
 =================  ===================  ===============================================
+
+A dataset's task (:data:`DATASET_TASKS`; classification unless named there) decides which models
+train on it: a generation task (prompt → completion) takes a causal LM (``CAUSAL_LMS``: the
+embedded ``smollm2-135m`` and ``hf:<causal LM>``), a classification any other model
+(:func:`check_pairing`, run before a sweep launches and again when the trainer builds the model).
 """
 from __future__ import annotations
 
+from ..errors import UserError
 from ..registry import Registry
 from ..schema.option_registries import (CLIP_FNS, DENOISE_SCOPES, DENOISERS, DIAGNOSTICS,  # noqa: F401
                                         NORM_ENGINES, OPTIMIZERS, PEFT_METHODS, RANDOMNESS)
@@ -58,6 +66,17 @@ for _name in TEXT_BACKBONES:
 MODELS.register_family_lazy("hf", f"{_T}models.text:create_text_model")
 INPUT_SPECS.register_family_lazy("hf", f"{_T}models.text:text_data_options")
 
+#: Embedded pretrained causal LMs (their files ship in wheels: no network needed).
+EMBEDDED_LMS = ("smollm2-135m",)
+CAUSAL_LMS: Registry = Registry("causal language model")
+LM_INPUT_SPECS: Registry = Registry("model input spec")
+for _name in EMBEDDED_LMS:
+    CAUSAL_LMS.register_lazy(_name, f"{_T}models.causal_lm:create_causal_lm", _name)
+    LM_INPUT_SPECS.register_lazy(_name, f"{_T}models.causal_lm:lm_data_options", _name)
+    MODELS.register_lazy(_name, f"{_T}models.causal_lm:create_causal_lm", _name)   # a backbone a spec may name
+CAUSAL_LMS.register_family_lazy("hf", f"{_T}models.causal_lm:create_causal_lm")
+LM_INPUT_SPECS.register_family_lazy("hf", f"{_T}models.causal_lm:lm_data_options")
+
 DATASETS: Registry = Registry("dataset")
 TRAIN_SIZES: Registry = Registry("dataset size")
 for _name in EMBEDDED_FILES:
@@ -68,3 +87,26 @@ for _name, _source in HF_SOURCES.items():
     TRAIN_SIZES.register_lazy(_name, f"{_T}data.sources:train_size", _name)
 DATASETS.register_lazy("bbc_news", f"{_T}data.hf:bbc_news")
 TRAIN_SIZES.register_lazy("bbc_news", f"{_T}data.sources:bbc_news_size")
+DATASETS.register_lazy("bbc_headlines", f"{_T}data.generation:bbc_headlines")
+TRAIN_SIZES.register_lazy("bbc_headlines", f"{_T}data.sources:bbc_news_size")
+DATASETS.register_lazy("text_pairs", f"{_T}data.generation:text_pairs")
+
+#: Datasets whose task is not classification.
+DATASET_TASKS = {"bbc_headlines": "generation", "text_pairs": "generation"}
+
+
+def dataset_task(name: str) -> str:
+    """The task of a registered dataset: ``classification`` or ``generation``."""
+    return DATASET_TASKS.get(name, "classification")
+
+
+def check_pairing(model: str, dataset: str) -> None:
+    """Refuse a model that cannot learn the dataset's task, in one line: a generation task needs a
+    causal LM; a causal LM trains on generation tasks only."""
+    task = dataset_task(dataset)
+    if task == "generation" and model not in CAUSAL_LMS:
+        raise UserError(f"dataset {dataset!r} is a generation task (prompt → completion): its backbone must be a "
+                        f"causal language model ({', '.join(CAUSAL_LMS.choices())}); got {model!r}")
+    if task != "generation" and model in EMBEDDED_LMS:
+        raise UserError(f"model {model!r} is a causal language model: it trains on generation datasets "
+                        f"({', '.join(DATASET_TASKS)}); dataset {dataset!r} is a {task}")

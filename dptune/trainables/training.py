@@ -26,8 +26,10 @@ from ..privacy.schedule import accounted_steps, epoch_end_steps, num_steps, samp
 from ..registry import check_options
 from ..timeline import mark
 from .engine.batching import model_outputs, to_device
-from ..schema import TrainConfig
+from ..schema import TrainConfig, names
+from ..schema.metrics import LOSSES
 from .data.catalog import DATASETS, load_dataset
+from .registries import check_pairing, dataset_task
 from .data.splits import DatasetSplits, take
 from .data.splits import with_validation
 from .engine.distributed import Workers, baseline_gradient
@@ -39,6 +41,7 @@ from .engine.optimizers import make_optimizer
 from ..schema.option_registries import DENOISERS, DIAGNOSTICS
 from .engine.randomness import STREAMS, new_secret, stream
 from .engine.sampling import PoissonSampler
+from .tasks import Generation, task_of
 
 
 class TrialDiverged(UserError, FloatingPointError):
@@ -53,7 +56,7 @@ Report = Callable[[dict, list], None]
 def divergence(metrics: dict) -> str | None:
     """Why an epoch's metrics show a diverged run (a loss that is not finite), or None. Private
     selection evaluates nothing before its end: no loss, nothing to check."""
-    for name in ("test_loss", "validation_loss"):
+    for name in LOSSES:
         loss = metrics.get(name)
         if loss is not None and not math.isfinite(loss):
             return f"{name.replace('_', ' ')} became {loss} at epoch {metrics.get('epoch')}"
@@ -104,29 +107,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, dataset: torch.utils.data.Dataset, num_classes: int, device: torch.device,
-             batch_size: int = 1024) -> dict:
-    """Test accuracy, mean cross-entropy and per-class accuracy."""
-    model.eval()
-    correct = torch.zeros(num_classes)
-    total = torch.zeros(num_classes)
-    loss_sum = 0.0
-    for start in range(0, len(dataset), batch_size):
-        idx = torch.arange(start, min(start + batch_size, len(dataset)))
-        x, y = take(dataset, idx)
-        x, y = to_device(x, device), y.to(device)
-        logits = model_outputs(model, x)
-        loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
-        hit = (logits.argmax(-1) == y).float().cpu()
-        total += torch.bincount(y.cpu(), minlength=num_classes).float()
-        correct += torch.bincount(y.cpu(), weights=hit, minlength=num_classes)
-    model.train()
-    n = float(total.sum())
-    return {"accuracy": float(correct.sum()) / n, "loss": loss_sum / n,
-            "per_class_accuracy": (correct / total.clamp_min(1)).tolist()}
-
-
 def _given(**options: object) -> dict:
     """The options that are set (not None)."""
     return {k: v for k, v in options.items() if v is not None}
@@ -141,12 +121,13 @@ def load_training_data(cfg: TrainConfig, model_options: dict) -> DatasetSplits:
     """The run's dataset, prepared for its model: the backbone's input spec (resolution and
     normalisation, or tokenizer) plus the config's data options. A dataset that cannot be prepared
     for the backbone (e.g. 8×8 digits for a ViT) is refused, saying so."""
-    prepared = data_options(cfg.model, **model_options)
+    check_pairing(cfg.model, cfg.dataset)
+    prepared = data_options(cfg.model, dataset_task(cfg.dataset), **model_options)
     if cfg.dataset in DATASETS:
         check_options("dataset", cfg.dataset, DATASETS[cfg.dataset], prepared, implicit=("seed",),
                       why=f"model {cfg.model!r} needs its inputs prepared with them")
     split = cfg.seed if cfg.split_seed is None else cfg.split_seed
-    options = {**prepared, **_given(data_dir=cfg.data_dir, max_length=cfg.max_length)}
+    options = {**prepared, **_given(**{name: getattr(cfg, name) for name in names(spec="dataset")})}
     key = repr((cfg.dataset, split, sorted(options.items())))
     if key not in _LOADED:   # the next trial of a reused Ray worker skips reading and tokenising again
         while len(_LOADED) >= LOADED_KEPT:
@@ -182,6 +163,7 @@ class Trainer:
         self.n_train = len(self.data.train)   # what is trained on: q = B/N and σ are for this N
         self.plan = plan_privacy(cfg, self.n_train)
         self.model = self.build_model(model_options).to(self.device)
+        self.task = task_of(self.data)
         self.trainable, self.total_params = parameter_summary(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, momentum=cfg.momentum,
@@ -190,7 +172,7 @@ class Trainer:
         self.engine = None
         if cfg.private:
             # each part of the engine builds itself from the options it owns (DENOISERS, DIAGNOSTICS)
-            self.engine = DPEngine(self.model, nn.CrossEntropyLoss(reduction="none"), clip_bound=cfg.clip_bound,
+            self.engine = DPEngine(self.model, self.task.loss, clip_bound=cfg.clip_bound,
                                    noise_multiplier=self.plan.noise_multiplier, expected_batch_size=cfg.batch_size,
                                    norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k, clip_fn=cfg.clip_fn,
                                    max_physical_batch_size=cfg.max_physical_batch_size,
@@ -207,7 +189,7 @@ class Trainer:
         its canary head here: :mod:`.audit`). With ``peft: head`` it is the head alone and the data
         are the frozen backbone's features, computed once and shared (:mod:`.frozen_features`)."""
         model = create_model(self.cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
-                             **model_options)
+                             task=self.data.task, **model_options)
         self.features_source = None
         if model_options.get("peft") == "head":
             cached = head_on_features(model.to(self.device), self.data, self.device)
@@ -240,8 +222,8 @@ class Trainer:
         return self.step >= self.plan.steps
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
-        """One optimizer step on a Poisson batch; returns (norms, labels, the engine's step
-        statistics) when private."""
+        """One optimizer step on a Poisson batch; returns (norms, their groups: the labels of a
+        classification, the engine's step statistics) when private."""
         idx = self.workers.shard(self.sampler.sample(), self.n_train)  # the global batch's part on this worker
         x, y = take(self.data.train, idx)
         x, y = to_device(x, self.device), y.to(self.device)
@@ -249,13 +231,13 @@ class Trainer:
         out = None
         if self.engine is not None:
             stats = self.engine.private_gradient(x, y)
-            out = (stats["norms"].cpu(), y.cpu(), stats)
+            out = (stats["norms"].cpu(), self.task.groups(y.cpu()), stats)
             self.optimizer.step()
         elif self.workers.size > 1:  # non-private baseline on W workers: the global batch's mean loss
-            if baseline_gradient(self.model, x, y, self.workers):
+            if baseline_gradient(self.model, self.task.loss, x, y, self.workers):
                 self.optimizer.step()
         elif len(y):  # non-private baseline: plain mean loss over the realised batch
-            nn.functional.cross_entropy(model_outputs(self.model, x), y).backward()
+            self.task.loss(model_outputs(self.model, x), y).mean().backward()
             self.optimizer.step()
         self.step += 1
         if self.step == 1:
@@ -282,13 +264,12 @@ class Trainer:
         if self.cfg.score_noise is not None:   # private selection: one noisy look at validation, at the end
             metrics.update(self.noisy_score() if self.done else {})
         else:
-            test = evaluate(self.model, self.data.test, self.data.num_classes, self.device)
-            metrics.update(test_accuracy=test["accuracy"], test_loss=test["loss"],
-                           per_class_accuracy=test["per_class_accuracy"])
+            metrics.update(self.task.evaluate(self.model, self.data.test, self.device, "test"))
             if self.data.validation is not None:   # what a search selects on: NOT private
-                validation = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)
-                metrics.update(validation_accuracy=validation["accuracy"], validation_loss=validation["loss"],
+                metrics.update(self.task.evaluate(self.model, self.data.validation, self.device, "validation"),
                                validation_nonprivate=True)
+            if isinstance(self.task, Generation):
+                metrics.update(self.generation_metrics())
         if self.engine is not None:
             metrics["epsilon_spent"] = self.epoch_epsilons[self.epoch - 1]
             all_norms = torch.cat(norms) if norms else torch.zeros(0)
@@ -329,12 +310,25 @@ class Trainer:
                 raise TrialDiverged(why)
         return history
 
+    def generation_metrics(self) -> dict:
+        """A generation task's over-long examples (every epoch), and at the end of training greedy
+        completions of the test prompts scored with ROUGE-L and BLEU (``generation_examples``: how
+        many; 0: none)."""
+        metrics = {f"truncated_{split}_examples": n for split, n in self.data.truncated.items()}
+        if self.done and self.cfg.generation_examples != 0:
+            start = time.perf_counter()
+            metrics.update(self.task.generate(self.model, self.data.generations, self.device,
+                                              examples=self.cfg.generation_examples,
+                                              max_new_tokens=self.cfg.max_new_tokens),
+                           generation_time_s=time.perf_counter() - start)
+        return metrics
+
     def noisy_score(self) -> dict:
         """Private selection ("Hyperparameter Tuning with Renyi Differential Privacy", Papernot &
         Steinke, ICLR 2022): the validation accuracy plus N(0, score_noise²) noise (sensitivity 1/n_val,
         accounted by the planner), drawn from the run's ``score`` stream. The run's only look at the
         validation data; the test data is not touched."""
-        accuracy = evaluate(self.model, self.data.validation, self.data.num_classes, self.device)["accuracy"]
+        accuracy = self.task.evaluate(self.model, self.data.validation, self.device, "validation")["validation_accuracy"]
         noise = self.streams["score"].normal((), dtype=torch.float64, device=torch.device("cpu"))
         return {"selection_score": accuracy + self.cfg.score_noise * float(noise)}
 

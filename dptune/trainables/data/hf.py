@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from ...errors import UserError
 from .sources import HF_SOURCES, HFSource, bbc_root, local_path
-from ..hub import ResourceNotFound, hub_access, unavailable
+from ..hub import ResourceNotFound, hub_access, pretrained_location, unavailable
 from .splits import DatasetSplits
 
 if TYPE_CHECKING:
@@ -197,12 +197,13 @@ def image_splits(name: str, data: datasets.DatasetDict, *, seed: int, image_size
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(source: str) -> PreTrainedTokenizerBase:
-    """The (fast) tokenizer at ``source``, loaded once per process."""
+    """The (fast) tokenizer at ``source`` (a directory, a hub id, or a ``.gguf`` file: transformers
+    reads its vocabulary with the ``gguf`` package), loaded once per process."""
     from transformers import AutoTokenizer
 
     with hub_access():
         try:
-            return AutoTokenizer.from_pretrained(source)
+            return AutoTokenizer.from_pretrained(**pretrained_location(source))
         except OSError:
             raise unavailable("tokenizer", source, source, "pass the model's local directory as weights=DIR "
                                                           "(dptune train --weights DIR)") from None

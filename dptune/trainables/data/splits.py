@@ -2,17 +2,31 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset, default_collate
 
-
-
 from ...errors import UserError
+
+
+@dataclass
+class Generations:
+    """What greedy generation on the test split starts from and is scored against: each test
+    example's prompt tokens (as trained on) and its reference completion, with the tokenizer."""
+
+    prompts: list[list[int]]
+    references: list[str]
+    tokenizer: object
+
+
 @dataclass
 class DatasetSplits:
+    """A dataset's splits and what its task needs: ``task`` ``classification`` (``num_classes``
+    labels) or ``generation`` (prompt → completion: targets are token labels, see
+    :mod:`.generation`; ``truncated`` counts over-long examples per split)."""
+
     name: str
     train: Dataset
     test: Dataset
@@ -20,6 +34,9 @@ class DatasetSplits:
     class_names: list[str]
     input_shape: tuple[int, ...]
     validation: Dataset | None = None   # held out of train for selection (see with_validation)
+    task: str = "classification"
+    truncated: dict[str, int] = field(default_factory=dict)
+    generations: Generations | None = None
 
 
 def labels_of(dataset: Dataset) -> torch.Tensor:
@@ -40,7 +57,8 @@ def validation_size(n: int, fraction: float) -> int:
 
 
 def with_validation(splits: DatasetSplits, fraction: float, seed: int) -> DatasetSplits:
-    """Hold out a seeded, stratified ``fraction`` of the training split as a validation split.
+    """Hold out a seeded ``fraction`` of the training split (stratified by class for a classification
+    task) as a validation split.
 
     Model selection on it is not differentially private (the validation examples are private
     data and the selection is not accounted for); test data is left for reporting only.
@@ -50,8 +68,9 @@ def with_validation(splits: DatasetSplits, fraction: float, seed: int) -> Datase
     from sklearn.model_selection import train_test_split
 
     labels = labels_of(splits.train).numpy()
+    stratify = labels if splits.task == "classification" else None   # token labels: no classes to stratify by
     train, val = train_test_split(np.arange(len(labels)), test_size=validation_size(len(labels), fraction),
-                                  stratify=labels, random_state=seed)
+                                  stratify=stratify, random_state=seed)
     train, val = np.sort(train), np.sort(val)
 
     def part(idx: np.ndarray) -> Dataset:

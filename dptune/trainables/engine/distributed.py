@@ -108,13 +108,14 @@ def shard_bounds(num_examples: int, rank: int, size: int) -> tuple[int, int]:
     return rank * num_examples // size, (rank + 1) * num_examples // size
 
 
-def baseline_gradient(model: nn.Module, inputs: Inputs, targets: torch.Tensor, workers: Workers) -> int:
-    """Non-private baseline: set ``.grad`` to the mean cross-entropy gradient over the *global*
-    realised batch (Σ over workers of the summed losses' gradients, over the global batch size);
-    returns that size (0: no step)."""
+def baseline_gradient(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inputs: Inputs,
+                      targets: torch.Tensor, workers: Workers) -> int:
+    """Non-private baseline: set ``.grad`` to the mean gradient of the per-example ``loss_fn`` over
+    the *global* realised batch (Σ over workers of the summed losses' gradients, over the global batch
+    size); returns that size (0: no step)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if batch_len(inputs):
-        loss = nn.functional.cross_entropy(model_outputs(model, inputs), targets, reduction="sum")
+        loss = loss_fn(model_outputs(model, inputs), targets).sum()
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     else:
         grads = [None] * len(params)

@@ -12,21 +12,24 @@ from __future__ import annotations
 from torch import nn
 
 from ...registry import check_options
-from ..registries import INPUT_SPECS, MODELS
+from ..registries import CAUSAL_LMS, INPUT_SPECS, LM_INPUT_SPECS, MODELS
 
 
-def create_model(name: str, *, num_classes: int, input_shape: tuple[int, ...], **overrides: object) -> nn.Module:
-    """Build a registered model (or ``family:name``); unknown names raise ValueError listing the
+def create_model(name: str, *, num_classes: int, input_shape: tuple[int, ...], task: str = "classification",
+                 **overrides: object) -> nn.Module:
+    """Build a registered model (or ``family:name``) for ``task`` (a generation task builds a causal
+    LM: ``hf:<name>`` is then ``AutoModelForCausalLM``); unknown names raise ValueError listing the
     registered ones, unknown options one listing the options the model takes."""
-    builder = MODELS.get(name)
+    builder = (CAUSAL_LMS if task == "generation" else MODELS).get(name)
     check_options("model", name, builder, overrides, implicit=("num_classes", "input_shape"))
     return builder(num_classes=num_classes, input_shape=tuple(input_shape), **overrides)
 
 
-def data_options(name: str, **model_options: object) -> dict:
+def data_options(name: str, task: str = "classification", **model_options: object) -> dict:
     """Options the dataset loader needs to prepare inputs for model ``name`` (image resolution and
     normalisation, or tokenizer); empty for models trained from scratch."""
-    return INPUT_SPECS.get(name)(**model_options) if name in INPUT_SPECS else {}
+    specs = LM_INPUT_SPECS if task == "generation" else INPUT_SPECS
+    return specs.get(name)(**model_options) if name in specs else {}
 
 
 def parameter_summary(model: nn.Module) -> tuple[int, int]:

@@ -55,8 +55,12 @@ def _eager_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **_: object) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(QKᵀ·scale + mask)·V with explicit ops, which ``vmap`` batches. query, key, value:
-    [b, heads, T, d]; mask: additive, broadcastable to [b, heads, T, T]. Returns ([b, T, heads, d],
-    attention weights)."""
+    [b, heads, T, d] (grouped-query attention: key and value with fewer heads, each shared by
+    heads/kv_heads query heads); mask: additive, broadcastable to [b, heads, T, T]. Returns
+    ([b, T, heads, d], attention weights)."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale  # [b, h, T, T]
     if attention_mask is not None:
