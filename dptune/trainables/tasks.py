@@ -24,7 +24,9 @@ def completion_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-example NLL of the completion, **summed** over its tokens ([b]): token t+1 is predicted
     from the logits at t; masked labels (prompt, padding: -100) count nothing."""
     logits, targets = logits[:, :-1], labels[:, 1:]
-    nll = nn.functional.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE, reduction="none")
+    if logits.dtype in (torch.float16, torch.bfloat16):   # the softmax in full precision
+        logits = logits.float()
+    nll = nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
     return nll.sum(-1)
 
 

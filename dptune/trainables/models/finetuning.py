@@ -31,12 +31,14 @@ NORM_NAME_SUFFIXES = ("LayerNorm", "RMSNorm", "RmsNorm", "GroupNorm")
 @dataclass(frozen=True)
 class LoraSettings:
     """LoRA hyperparameters: rank r, scale α (ΔW = (α/r)·BA), dropout on the adapter input, and the
-    names (suffixes) of the linear layers that get adapters."""
+    names (suffixes) of the linear layers that get adapters; ``fan_in_fan_out`` for layers that store
+    their weight transposed (GPT-2's ``Conv1D``)."""
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ()
+    fan_in_fan_out: bool = False
 
 
 def is_norm(module: nn.Module) -> bool:
@@ -74,7 +76,7 @@ def apply_peft(model: nn.Module, method: str, *, head: Sequence[str], lora: Lora
         if not lora.target_modules:
             raise UserError(f"LoRA needs target modules for {type(model).__name__}; set lora_targets")
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                            target_modules=list(lora.target_modules), bias="none")
+                            target_modules=list(lora.target_modules), bias="none", fan_in_fan_out=lora.fan_in_fan_out)
         with warnings.catch_warnings():  # peft calls a transformers method deprecated in v5
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
             model = get_peft_model(model, config)  # freezes everything but the adapters
