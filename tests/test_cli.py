@@ -52,7 +52,7 @@ TRAIN_FLAGS = {
     "--denoise-kappa": 1.02, "--denoise-norm-correction": True, "--denoise-scope": "all", "--diagnostics": [],
     "--max-physical-batch-size": None, "--seed": 0, "--device": "auto", "--noise-multiplier": None,
     "--model-options": {}, "--peft": None, "--weights": None, "--data-dir": None, "--max-length": None,
-    "--prompt-field": None, "--completion-field": None, "--generation-examples": None, "--max-new-tokens": 32,
+    "--test-size": None, "--prompt-field": None, "--completion-field": None, "--generation-examples": None, "--max-new-tokens": 32,
     "--validation-fraction": 0.0, "--split-seed": None, "--score-noise": None,
     "--randomness": "reproducible"}
 CHOICES = {"--optimizer": ["sgd", "adam", "adamw"], "--clip-fn": ["flat", "auto_s"],

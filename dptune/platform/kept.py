@@ -16,15 +16,16 @@ import json
 import math
 from typing import Callable
 
+from ..schema import METRICS
+from ..schema.metrics import SCORES
 from . import tune_adapter
 from .store import ResultsStore
 
 #: Set in the one report of a trial that was kept from the store (the store callback skips it).
 KEPT = "kept_from_store"
 #: Results a kept trial reports again (what the searcher, schedulers and progress lines read).
-RESULT_COLUMNS = ("test_accuracy", "validation_accuracy", "selection_score", "epsilon_spent", "epoch", "step",
-                  "steps", "fully_clipped", "noise_multiplier", "sample_rate", "noise_sqrt_steps", "clipped_fraction",
-                  "train_time_s")
+RESULT_COLUMNS = (*METRICS, *SCORES, "epsilon_spent", "epoch", "step", "steps", "fully_clipped", "noise_multiplier",
+                  "sample_rate", "noise_sqrt_steps", "clipped_fraction", "train_time_s")
 
 
 def config_id(config: dict) -> str:

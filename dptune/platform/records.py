@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ..schema import METRICS, names
+from ..schema.metrics import SCORES
 from .store import to_json
 
 #: The trial schema's axes, and its other fields the store keeps as columns (C, B, η, the options
@@ -46,14 +47,13 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
         row[k] = final.get(k)
     row.update(selected_on(final, metric))
     row["per_class_accuracy"] = final.get("per_class_accuracy")
-    for k in ("validation_accuracy", "test_accuracy"):   # a validation split's accuracy is NOT private
+    for k in (*METRICS, *SCORES):   # every metric under its own name; a validation split's are NOT private
         row[k] = final.get(k)
     row["validation_nonprivate"] = bool(final.get("validation_nonprivate", False))
-    # private selection: K, this draw, per-trial and total ε, the noisy score; the selected trial's
-    # row is rewritten with selected = true and its test accuracy (platform/selection.py)
+    # private selection: K, this draw, per-trial and total ε, the noisy score (above); the selected
+    # trial's row is rewritten with selected = true and its test accuracy (platform/selection.py)
     for k in SELECTION_FIELDS:
         row[k] = config.get(k)
-    row["selection_score"] = final.get("selection_score")
     row["selected"] = False if config.get("selection_k") is not None else None
     # proxy runs (search.proxy) rank at B/k and σ/k: their ε is their own, so a finished one is
     # labelled ``proxy``, never taken as the cell's result; the full-scale answer run is ``final``

@@ -56,3 +56,7 @@ TASK_METRICS = {"classification": ("test_accuracy", "validation_accuracy"),
                 "generation": ("test_nll", "validation_nll")}
 #: Tasks (the ``task`` of a dataset; datasets not named in a registry's task table are classifications).
 TASKS = tuple(TASK_METRICS)
+
+#: Scores a trial reports beside the metrics above, kept as columns of the store's trials: a
+#: generation task's perplexities every epoch, and at its end greedy generation's ROUGE-L and BLEU.
+SCORES = ("test_perplexity", "validation_perplexity", "test_rougeL", "test_bleu")

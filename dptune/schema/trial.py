@@ -172,6 +172,9 @@ class TrainConfig:
                                   spec=("dataset",))
     max_length: int | None = option(None, "text: tokens per example [the dataset's default: 128 for classification, "
                                           "256 for generation]", rule=whole(2), spec=("dataset",))
+    test_size: float | None = option(None, "fraction of a dataset held out as its test split, where it has none of its "
+                                           "own [0.2]; the rest is trained on (N)",
+                                     rule=Rule(lambda v: _number(v) and 0 < v < 1, "in (0, 1)"), spec=("dataset",))
     prompt_field: str | None = option(None, "generation data (text_pairs): the field holding each prompt [prompt]",
                                       rule=Rule(lambda v: isinstance(v, str) and bool(v), "a field name"),
                                       spec=("dataset",))

@@ -90,6 +90,7 @@ TRAIN_SIZES.register_lazy("bbc_news", f"{_T}data.sources:bbc_news_size")
 DATASETS.register_lazy("bbc_headlines", f"{_T}data.generation:bbc_headlines")
 TRAIN_SIZES.register_lazy("bbc_headlines", f"{_T}data.sources:bbc_news_size")
 DATASETS.register_lazy("text_pairs", f"{_T}data.generation:text_pairs")
+TRAIN_SIZES.register_lazy("text_pairs", f"{_T}data.sources:pairs_size")
 
 #: Datasets whose task is not classification.
 DATASET_TASKS = {"bbc_headlines": "generation", "text_pairs": "generation"}

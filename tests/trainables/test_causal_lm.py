@@ -17,6 +17,7 @@ from dptune.trainables.models.catalog import create_model
 from dptune.trainables.tasks import completion_nll
 from dptune.trainables.training import Trainer
 
+from lm_data import word_tokenizer
 from per_example_reference import clipped_sum_loop
 
 RTOL = 1e-7
@@ -127,7 +128,7 @@ def test_user_prompt_completion_data_is_read_and_missing_fields_are_refused_in_o
     rows = [{"source": f"table row {i} name value", "target": f"sentence {i}"} for i in range(20)]
     path = tmp_path / "pairs.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    _word_tokenizer([r["source"] + " " + r["target"] for r in rows], str(tmp_path / "tok"))
+    word_tokenizer([r["source"] + " " + r["target"] for r in rows], str(tmp_path / "tok"))
     splits = text_pairs(data_dir=str(path), prompt_field="source", completion_field="target",
                         tokenizer=str(tmp_path / "tok"), max_length=16, test_size=0.25)
     assert (len(splits.train), len(splits.test), splits.task, splits.truncated) == (15, 5, "generation",
@@ -155,7 +156,7 @@ def test_the_trainer_reports_nll_perplexity_truncation_and_generation_scores(tmp
 
     prompts, headlines = headline_pairs()
     tok = str(tmp_path / "tok")
-    _word_tokenizer(prompts[:40] + headlines[:40], tok)
+    word_tokenizer(prompts[:40] + headlines[:40], tok)
     data = generation_splits("bbc_headlines", (prompts[:32], headlines[:32]), (prompts[32:40], headlines[32:40]),
                              tokenizer=tok, max_length=24)
     cfg = TrainConfig(dataset="bbc_headlines", model="hf:llama", weights="random", epsilon=8.0, batch_size=8,
@@ -175,16 +176,3 @@ def test_the_trainer_reports_nll_perplexity_truncation_and_generation_scores(tmp
     assert metrics["test_perplexity"] == pytest.approx(math.exp(metrics["test_nll"]), rel=1e-9)
     assert metrics["generated_examples"] == 8 and 0 <= metrics["test_rougeL"] <= 1 and 0 <= metrics["test_bleu"] <= 1
     assert "test_accuracy" not in metrics and metrics["epsilon_spent"] <= 8.0
-
-
-def _word_tokenizer(texts: list[str], path: str) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    raw = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    raw.decoder = decoders.WordPiece()
-    raw.train_from_iterator(texts, trainers.WordLevelTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<unk>",
-                                                                                              "</s>"]))
-    PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", unk_token="<unk>", eos_token="</s>") \
-        .save_pretrained(path)

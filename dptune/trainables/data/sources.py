@@ -169,3 +169,16 @@ def embedded_size(name: str, *, test_size: float = 0.2, **_: object) -> int:
     with gzip.open(embedded_path(name), "rb") as f:
         n = sum(1 for line in f if line.strip())
     return n - held_out(n, test_size)
+
+
+def pairs_size(*, data_dir: str | None = None, test_size: float = 0.2, **_: object) -> int | None:
+    """Training-set size of the user's prompt/completion data (``text_pairs``) without loading it: the
+    records of a JSONL file less the ⌈test_size·n⌉ held out; None for other layouts (loaded)."""
+    if data_dir is None:
+        return None
+    path = Path(data_dir).expanduser()
+    if not (path.is_file() and path.suffix == ".jsonl"):
+        return None
+    with open(path, "rb") as f:
+        n = sum(1 for line in f if line.strip())
+    return n - held_out(n, test_size)
