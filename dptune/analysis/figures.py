@@ -168,9 +168,11 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float, lo
     return mesh
 
 
-def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float], eta_tuned: bool = True) -> Figure:
+def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float], eta_tuned: bool = True, *,
+                      metric: str = "test accuracy", lower_is_better: bool = False) -> Figure:
     """Per private cell: its optimum against one global (C, B), with η tuned per cell (``eta_tuned``) or
-    at each B's one η."""
+    at each B's one η, in the selected ``metric`` (accuracy points, or its own units where lower is
+    better)."""
     n = max(len(cost), 1)
     fig = Figure(figsize=(8.5, 1.6 + 0.45 * n), layout="constrained")
     ax = fig.subplots()
@@ -178,14 +180,16 @@ def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float], eta_tune
     ax.barh(y - 0.2, cost["accuracy"], height=0.38, color="#2a9d8f", label="each cell's optimal (C, B, η)")
     ax.barh(y + 0.2, cost["fixed_accuracy"].fillna(0), height=0.38, color="#e76f51",
             label=f"fixed C={fmt(setting[0])}, B={fmt(setting[1])} ({'η tuned' if eta_tuned else 'η not tuned'})")
+    top = 1.0 if not lower_is_better else float(np.nanmax([cost["accuracy"].max(), cost["fixed_accuracy"].max()]))
     for k, (_, r) in enumerate(cost.iterrows()):
-        text = "not run" if pd.isna(r["fixed_accuracy"]) else f"−{100 * r['cost']:.1f} pts" if r["cost"] > 0 \
-            else "optimal"
-        ax.text(max(r["accuracy"], 0) + 0.01, k, text, va="center", fontsize=8)
+        worse = f"+{r['cost']:.3f}" if lower_is_better else f"−{100 * r['cost']:.1f} pts"
+        text = "not run" if pd.isna(r["fixed_accuracy"]) else worse if r["cost"] > 0 else "optimal"
+        ax.text(max(r["accuracy"], r["fixed_accuracy"] if pd.notna(r["fixed_accuracy"]) else 0, 0) + 0.01 * top, k,
+                text, va="center", fontsize=8)
     ax.set_yticks(y, labels=[_wrap(c, 60) for c in cost["cell_name"]], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, 1.12)
-    ax.set_xlabel("test accuracy")
+    ax.set_xlim(0, 1.12 * top)
+    ax.set_xlabel(metric)
     ax.set_title(f"Cost of one fixed setting: C={fmt(setting[0])}, B={fmt(setting[1])} in every cell", fontsize=11)
     fig.legend(loc="outside lower center", ncol=2, fontsize=8)
     return fig

@@ -79,7 +79,8 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
         result.notes.append(SINGLE_SEED)
     try:
         result.fixed_setting, result.fixed_cost = sweep.fixed_setting_cost(*(fixed or (None, None)))
-        result.comparisons += fixed_setting_lines(heatmap, result.fixed_cost, result.fixed_setting)
+        result.comparisons += fixed_setting_lines(heatmap, result.fixed_cost, result.fixed_setting,
+                                                  metric=sweep.metric_label, lower_is_better=sweep.lower_is_better)
     except ValueError as exc:
         if fixed:
             raise
@@ -219,7 +220,7 @@ def write_heatmaps(store: ResultsStore, out_dir: str | Path, *, across: str = "e
     write_csv(a.optima, out / "optima.csv")
     paths += [out / "heatmap.csv", out / "optima.csv"]
     if a.fixed_cost is not None:
-        paths += figures.save(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting, a.sweep.eta_tuned()), out / "fixed_setting_cost")
+        paths += figures.save(_fixed_cost_figure(a), out / "fixed_setting_cost")
         write_csv(a.fixed_cost, out / "fixed_setting_cost.csv")
         paths.append(out / "fixed_setting_cost.csv")
     elif printing and _fixed_note(a):
@@ -352,14 +353,25 @@ def _audit_section(a: Analysis) -> str:
             "(one run's bound is loose) and does not prove the guarantee.</p>" + _table(pd.DataFrame(rows)))
 
 
+def _fixed_cost_figure(a: Analysis) -> Figure:
+    return figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting, a.sweep.eta_tuned(), metric=a.sweep.metric_label,
+                                     lower_is_better=a.sweep.lower_is_better)
+
+
+def _cost_text(a: Analysis, cost: float) -> str:
+    """A fixed setting's cost: accuracy points, or how much higher a lower-is-better metric is."""
+    return f"+{cost:.3f}" if a.sweep.lower_is_better else f"{100 * cost:.1f} pts"
+
+
 def _optima_section(a: Analysis) -> str:
     o = a.optima
+    label = a.sweep.metric_label
     rows = []
     for _, r in o.iterrows():
         baseline = _baseline_for(a, r) if r["private"] else None
         row = {"cell": r["cell_name"], "C": "— (no clipping)" if not r["private"] else _cell_text(r["clip_bound"]),
                "B": _cell_text(r["batch_size"]), "η": _cell_text(r["learning_rate"]),
-               "accuracy": _acc(r["accuracy"]), "seeds": _cell_text(r.get("seeds")),
+               label: _acc(r["accuracy"]), "seeds": _cell_text(r.get("seeds")),
                f"{1 - ALPHA:.0%} interval": (f"{_acc(r['accuracy_low'])}–{_acc(r['accuracy_high'])}"
                                            if pd.notna(r.get("accuracy_low")) else "—"),
                "not distinguishable": (f"{int(r['indistinguishable'])} (C {fmt(r['clip_bound_min'])}–"
@@ -372,11 +384,11 @@ def _optima_section(a: Analysis) -> str:
         if a.fixed_cost is not None:
             fixed = a.fixed_cost[a.fixed_cost["cell_name"] == r["cell_name"]]
             row["at fixed (C, B)"] = _acc(fixed["fixed_accuracy"].iloc[0]) if len(fixed) else "—"
-            row["cost"] = (f"{100 * fixed['cost'].iloc[0]:.1f} pts"
+            row["cost"] = (_cost_text(a, fixed["cost"].iloc[0])
                            if len(fixed) and pd.notna(fixed["cost"].iloc[0]) else "—")
         rows.append(row)
     parts = ["<h2 id='optima'>Optimal (C, B, η) per cell</h2>",
-             "<p class='note'>Mean test accuracy over seeds at the best setting of each cell (ties: smaller C, "
+             f"<p class='note'>Mean {html.escape(label)} over seeds at the best setting of each cell (ties: smaller C, "
              "then B, then η); σ, T, σ√T and the share of per-sample gradients clipped during training are those "
              "of that setting. Non-private: the accuracy of the same cell without DP. Error bars (several seeds): "
              f"the t-interval of the best setting's mean, and the settings a one-sided paired t-test over seeds "
@@ -385,7 +397,7 @@ def _optima_section(a: Analysis) -> str:
     if a.comparisons:
         parts.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in a.comparisons) + "</ul>")
     if a.fixed_cost is not None:
-        parts.append(_figure_html(figures.fixed_cost_figure(a.fixed_cost, a.fixed_setting, a.sweep.eta_tuned()), "cost of a fixed setting",
+        parts.append(_figure_html(_fixed_cost_figure(a), "cost of a fixed setting",
                                   _fixed_caption(a)))
     elif _fixed_note(a):
         parts.append(f"<p class='note'>{html.escape(_fixed_note(a))}.</p>")
@@ -404,12 +416,15 @@ def _fixed_caption(a: Analysis) -> str:
     if cost.empty or cost.max() <= 0:
         return text + "Here it is optimal in every cell where it was run."
     worst = a.fixed_cost.loc[cost.idxmax()]
+    loss = (f"{cost.max():.3f} of {a.sweep.metric_label}" if a.sweep.lower_is_better
+            else f"{100 * cost.max():.1f} accuracy points")
     return text + (f"It is optimal in {int((cost <= 0).sum())} of {len(cost)} cell(s) and loses up to "
-                   f"{100 * cost.max():.1f} accuracy points ({worst['cell_name']}).")
+                   f"{loss} ({worst['cell_name']}).")
 
 
 def _heatmap_section(a: Analysis) -> str:
-    parts = ["<h2 id='heatmaps'>Heatmaps of the best accuracy over η</h2>"]
+    label = html.escape(a.sweep.metric_label)
+    parts = [f"<h2 id='heatmaps'>Heatmaps of the best {label} over η</h2>"]
     figs = heatmap_figures(a)
     if not figs:
         parts.append("<p class='note'>No private cells: nothing to draw.</p>")
@@ -417,7 +432,7 @@ def _heatmap_section(a: Analysis) -> str:
         parts.append(f"<h3>{html.escape(facet)}</h3>")
         parts.append(_figure_html(fig, f"heatmap {facet}",
                                   "Each panel is one cell; one column per clipping bound C and one row per "
-                                  "batch size B the sweep ran; colour: best mean accuracy over η for each "
+                                  f"batch size B the sweep ran; colour: best mean {label} over η for each "
                                   "(C, B), on one scale for all panels; grey: not run, or only errored trials (marked error); ★: the "
                                   "cell's optimum with its η."))
     return "".join(parts)

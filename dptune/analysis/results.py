@@ -110,6 +110,11 @@ class Sweep:
         metrics = set(self.trials["metric"].dropna()) if "metric" in self.trials else set()
         return METRICS[metrics.pop()].titled if len(metrics) == 1 and next(iter(metrics)) in METRICS else "accuracy"
 
+    @property
+    def lower_is_better(self) -> bool:
+        """Whether the stored metric is one where lower is better (a language model's NLL)."""
+        return bool((self.trials["sign"] < 0).any())
+
     # -- cells ---------------------------------------------------------------------------------
     def cells(self) -> pd.DataFrame:
         """One row per cell: its axis values and name, private cells first, ordered by the axes."""

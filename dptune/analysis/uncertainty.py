@@ -191,8 +191,10 @@ def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> tuple
     return lines, ties
 
 
-def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tuple[float, float]) -> list[str]:
-    """Whether one global (C, B) (η tuned per cell where it was searched) costs accuracy, with its error bar: per cell where
+def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tuple[float, float], *,
+                        metric: str = "accuracy", lower_is_better: bool = False) -> list[str]:
+    """Whether one global (C, B) (η tuned per cell where it was searched) costs accuracy (the selected
+    ``metric``; in its own units where lower is better), with its error bar: per cell where
     it is not optimal, its cost and the paired test's p-value against the cell's optimum (from
     :func:`with_error_bars`' heatmap); one line when it is indistinguishable from the optimum everywhere.
     Empty without error bars."""
@@ -212,7 +214,8 @@ def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tupl
         tested += 1
         if bool(at.loc[row["cell_name"], "indistinguishable"]):
             continue
-        lines.append(f"{name}: costs {100 * row['cost']:.1f} accuracy points at {row['cell_name']} "
+        amount = f"{row['cost']:.3f} of {metric}" if lower_is_better else f"{100 * row['cost']:.1f} accuracy points"
+        lines.append(f"{name}: costs {amount} at {row['cell_name']} "
                      f"(paired one-sided t-test over seeds against the optimum: p = "
                      f"{at.loc[row['cell_name'], 'p_value']:.3g} < α = {ALPHA:g})")
     if lines or not tested:

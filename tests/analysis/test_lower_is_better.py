@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from dptune.analysis.figures import heatmap_figure
+from dptune.analysis.figures import fixed_cost_figure, heatmap_figure
 from dptune.analysis.report import write_heatmaps
 from dptune.analysis.results import Sweep
 from dptune.analysis.uncertainty import with_error_bars
@@ -82,6 +82,12 @@ def test_the_fixed_setting_cost_is_how_much_higher_its_nll_is(store):
     assert cost[cell(2.0)] == pytest.approx(0.0)
     expected = min(planted_nll(9.0, 1.0, 128, lr) for lr in LRS) - 2.0
     assert expected > 0 and cost[cell(9.0)] == pytest.approx(expected)
+    sweep = Sweep.from_store(store)
+    _, frame = sweep.fixed_setting_cost(1.0, 128)
+    fig = fixed_cost_figure(frame, (1.0, 128), metric=sweep.metric_label, lower_is_better=True)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert f"+{expected:.3f}" in texts and "optimal" in texts
+    assert fig.axes[0].get_xlabel() == "test NLL (lower is better)" and fig.axes[0].get_xlim()[1] > 2.0
 
 
 def test_error_bars_and_status_pick_the_smallest_nll(store):
