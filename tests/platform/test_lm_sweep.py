@@ -7,7 +7,6 @@ import math
 
 import pandas as pd
 import pytest
-import ray
 
 from dptune.analysis.report import write_heatmaps
 from dptune.platform.catalog import trainables_catalog
@@ -20,13 +19,6 @@ from lm_data import word_tokenizer
 
 TINY = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
         "num_key_value_heads": 1}
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 def test_a_causal_lm_sweep_stores_nll_curves_and_rouge_and_its_optimum_is_the_smallest_nll(local_ray, tmp_path):

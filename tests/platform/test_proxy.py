@@ -115,15 +115,6 @@ def test_proxy_options_are_checked_before_anything_runs(catalog):
         load_spec({**spec(), "selection": {"mode": "private", "validation_fraction": 0.2}}, catalog)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
 def test_a_proxy_sweep_stores_labelled_proxies_and_the_full_scale_answer(local_ray, tmp_path):
     from accounting_checks import assert_calibrated
     from sweep_plans import digits_spec, plan_of

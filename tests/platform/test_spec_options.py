@@ -48,7 +48,7 @@ def test_options_reach_the_cell_label_and_the_trainer_config():
     ({"peft": "lora"}, "digits", "axes.backbone[0].name: required"),
     ({"name": "vit_huge"}, "digits", "unknown backbone 'vit_huge'; registered: mlp, cnn"),
     ("cnn", {"name": "digits", "max_length": 32}, "axes.dataset: dataset 'digits' does not take option(s) max_length; "
-                                                  "it takes: none"),
+                                                  "it takes: test_size"),
     ("cnn", {"name": "bbc_news", "data_dir": "/d"}, "dataset 'bbc_news' does not take option(s) data_dir; "
                                                     "it takes: max_length"),
     ("cnn", {"name": "bbc_news", "tokenizer": "x"}, "axes.dataset.tokenizer: unknown dataset option; "

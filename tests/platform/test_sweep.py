@@ -3,7 +3,6 @@ row per trial with the right figures; diverged trials recorded with their messag
 import math
 
 import pytest
-import ray
 
 from dptune.platform.launcher import RunSettings
 from dptune.platform.store import ResultsStore
@@ -12,13 +11,6 @@ from accounting_checks import assert_calibrated
 from sweep_plans import digits_spec, plan_of
 
 N_DIGITS_TRAIN = 1437
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 def test_sweep_writes_one_row_per_trial_with_the_right_figures(local_ray, tmp_path, capsys):

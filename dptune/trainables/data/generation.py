@@ -23,10 +23,11 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from ...errors import UserError
 from ..hub import ResourceNotFound
+from .hf import TokenizedDataset, _read_article, _tokenizer, read_local
+from .sources import bbc_root
 from .splits import DatasetSplits, Generations
 
 #: Tokens per example when the spec gives none.
@@ -37,25 +38,10 @@ IGNORE = -100
 MIN_PROMPT_TOKENS = 8
 
 
-class PromptCompletions(Dataset):
-    """({input_ids, attention_mask} [L], labels [L]) pairs, tokenised once and right-padded to L."""
-
-    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> None:
-        self.input_ids, self.attention_mask, self.labels = input_ids, attention_mask, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        return {"input_ids": self.input_ids[i], "attention_mask": self.attention_mask[i]}, self.labels[i]
-
-
 def tokenizer_for(source: str | None):
     """The tokenizer at ``source`` (a directory, a ``.gguf`` file or a hub id; by default the embedded
     SmolLM2's), with a padding token (its end of sequence when it has none)."""
     from ..models.causal_lm import EMBEDDED_DEFAULT, lm_source
-    from .hf import _tokenizer
-
     tokenizer = _tokenizer(source or lm_source(EMBEDDED_DEFAULT))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -63,7 +49,7 @@ def tokenizer_for(source: str | None):
 
 
 def encode_pairs(prompts: Sequence[str], completions: Sequence[str], tokenizer, max_length: int
-                 ) -> tuple[PromptCompletions, int, list[list[int]]]:
+                 ) -> tuple[TokenizedDataset, int, list[list[int]]]:
     """Tokenise prompt/completion pairs (see the module docstring); returns the dataset, how many
     examples were truncated, and each example's prompt tokens as trained on (for generation)."""
     if max_length < MIN_PROMPT_TOKENS + 2:
@@ -92,7 +78,7 @@ def encode_pairs(prompts: Sequence[str], completions: Sequence[str], tokenizer, 
         mask[i, :len(seq)] = 1
         labels[i, len(p):len(seq)] = torch.tensor(c)
         kept_prompts.append(p)
-    return PromptCompletions(ids, mask, labels), truncated, kept_prompts
+    return TokenizedDataset(ids, mask, labels), truncated, kept_prompts
 
 
 def generation_splits(name: str, train: tuple[Sequence[str], Sequence[str]], test: tuple[Sequence[str], Sequence[str]],
@@ -116,9 +102,6 @@ def _split(prompts: list[str], completions: list[str], test_size: float, seed: i
 
 def headline_pairs() -> tuple[list[str], list[str]]:
     """(prompts, headlines) of the embedded BBC News, in sorted folder and file order."""
-    from .hf import _read_article
-    from .sources import bbc_root
-
     prompts, headlines = [], []
     for cls in sorted(p for p in bbc_root().iterdir() if p.is_dir()):
         for path in sorted(cls.glob("*.txt")):
@@ -139,8 +122,6 @@ def bbc_headlines(*, seed: int = 0, tokenizer: str | None = None, max_length: in
 def read_pairs(path: Path):
     """A ``datasets.DatasetDict`` from a JSONL/JSON/CSV/Parquet file or a local dataset directory."""
     import datasets
-
-    from .hf import read_local
 
     if not path.exists():
         raise ResourceNotFound(f"dataset 'text_pairs': data_dir {path} does not exist")

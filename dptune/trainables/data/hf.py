@@ -59,7 +59,8 @@ class ImageDataset(Dataset):
 
 
 class TokenizedDataset(Dataset):
-    """({input_ids, attention_mask} [L], label) pairs, tokenised once and padded to L."""
+    """({input_ids, attention_mask} [L], target) pairs, tokenised once and padded to L; the target is
+    a class label, or a generation task's token labels [L] (:mod:`.generation`)."""
 
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> None:
         self.input_ids, self.attention_mask, self.labels = input_ids, attention_mask, labels
