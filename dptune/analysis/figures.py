@@ -67,7 +67,8 @@ def _wrap(title: str, width: int = 42) -> str:
 
 # -- heatmaps ------------------------------------------------------------------------------------
 def heatmap_figure(table: pd.DataFrame, cells: pd.DataFrame, facet: str, *, across: str = "epsilon",
-                   baseline: float | None = None, metric: str = "test accuracy") -> Figure:
+                   baseline: float | None = None, metric: str = "test accuracy",
+                   lower_is_better: bool = False) -> Figure:
     """C × B heatmaps of the best accuracy (the selected ``metric``) over η, one panel per cell of a
     facet (ordered by ``across``), on one colour scale (one colour bar: a colour means the same value
     in every panel; reversed where lower is better, so the bright end is always the better); the
@@ -79,9 +80,8 @@ def heatmap_figure(table: pd.DataFrame, cells: pd.DataFrame, facet: str, *, acro
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     if hi - lo < 1e-3:
         lo, hi = lo - 0.005, hi + 0.005
-    lower = "score" in shown and bool(((shown["score"] == -shown["accuracy"]) & (shown["accuracy"] != 0)).any())
     meshes = [_heatmap_panel(ax, table[table["cell_name"] == cell["cell_name"]], cell["cell_name"], lo, hi,
-                             lower=lower)
+                             lower=lower_is_better)
               for ax, (_, cell) in zip(axes, cells.iterrows())]
     meshes = [m for m in meshes if m is not None]
     if meshes and finite.size:

@@ -139,7 +139,8 @@ def heatmap_figures(a: Analysis) -> list[tuple[str, Figure]]:
     for facet, cells in a.sweep.facets(a.across):
         baseline = _baseline_for(a, cells.iloc[0]) if a.across == "epsilon" else None
         out.append((facet, figures.heatmap_figure(a.heatmap, cells, facet, across=a.across, baseline=baseline,
-                                                  metric=a.sweep.metric_label)))
+                                                  metric=a.sweep.metric_label,
+                                                  lower_is_better=a.sweep.lower_is_better)))
     return out
 
 

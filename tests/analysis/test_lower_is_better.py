@@ -68,7 +68,8 @@ def test_the_heatmap_stars_the_smallest_nll_on_a_reversed_colour_scale(store):
     sweep = Sweep.from_store(store)
     table = sweep.heatmap_table()
     cells = sweep.cells()
-    fig = heatmap_figure(table, cells[cells["cell_name"] == cell(2.0)], "bbc", metric=sweep.metric_label)
+    fig = heatmap_figure(table, cells[cells["cell_name"] == cell(2.0)], "bbc", metric=sweep.metric_label,
+                         lower_is_better=sweep.lower_is_better)
     stars = [t.get_text() for ax in fig.axes for t in ax.texts if t.get_text().startswith("★")]
     assert stars == ["★ 2.000\nη=0.01"]
     mesh = fig.axes[0].collections[0]
