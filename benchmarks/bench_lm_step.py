@@ -6,7 +6,8 @@ One full optimizer step per method, timed interleaved round after round (median)
 (the mean of the per-example completion NLLs), dptune exact (book-keeping), dptune Hutchinson
 (k = 32 probes), Opacus 1.6 hooks (GradSampleModule + DPOptimizer) and ghost
 (GradSampleModuleFastGradientClipping); a method that cannot run gets a "fails: …" cell. Peak
-memory is read from the CUDA allocator on a GPU (not measured on CPU).
+memory of a step (``peak_memory``): the CUDA allocator's on a GPU, the resident memory above the
+step's start on CPU.
 
 Run: python benchmarks/bench_lm_step.py [--tokens 256] [--batch 4] [--repeats 3] [--peft lora full]
 """
@@ -14,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
+import gc
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -104,11 +108,25 @@ def make_step(method: str, model: nn.Module, x: dict, y: torch.Tensor) -> Callab
 
 
 def peak_memory(step: Callable[[], None]) -> str:
-    if DEVICE != "cuda":
-        return "—"
-    torch.cuda.reset_peak_memory_stats()
+    """GiB one step needs: on a GPU the allocator's peak; on CPU the peak resident memory above what
+    was resident before the step (Linux: VmHWM, reset through /proc/self/clear_refs after a warm step
+    and after glibc returned its free memory), model and optimizer state excluded."""
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        return f"{torch.cuda.max_memory_allocated() / 2**30:.2f}"
     step()
-    return f"{torch.cuda.max_memory_allocated() / 2**30:.2f}"
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmRSS")
+    step()
+    return f"{(_status_kib('VmHWM') - before) / 2**20:.2f}"
+
+
+def _status_kib(field: str) -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1])
 
 
 def main() -> None:

@@ -124,7 +124,7 @@ def _slug(text: str) -> str:
 
 
 def _baseline_for(a: Analysis, cell: pd.Series) -> float | None:
-    """Best accuracy of the cell's non-private sibling (same cell at ε = ∞), if the sweep ran one."""
+    """The selected metric's best value in the cell's non-private sibling (same cell, ε = ∞), if run."""
     rest = [c for c in a.sweep.cell_columns if c != "epsilon"]
     key = tuple(cell[c] for c in rest)
     for _, other in a.optima[~a.optima["private"]].iterrows():
@@ -300,6 +300,8 @@ def _summary_section(a: Analysis) -> str:
     s = a.sweep.summary()
     for col in ("best accuracy", "median accuracy"):
         s[col] = s[col].map(_acc)
+    name = a.sweep.metric_name   # the table names the metric it holds
+    s = s.rename(columns={"best accuracy": f"best {name}", "median accuracy": f"median {name}"})
     if "train time (s)" in s:
         s["train time (s)"] = s["train time (s)"].map(lambda v: f"{v:.1f}")
     note = ("<p class='note'>Trials run with reproducible randomness drew their batches and noise from "
@@ -391,7 +393,7 @@ def _optima_section(a: Analysis) -> str:
     parts = ["<h2 id='optima'>Optimal (C, B, η) per cell</h2>",
              f"<p class='note'>Mean {html.escape(label)} over seeds at the best setting of each cell (ties: smaller C, "
              "then B, then η); σ, T, σ√T and the share of per-sample gradients clipped during training are those "
-             "of that setting. Non-private: the accuracy of the same cell without DP. Error bars (several seeds): "
+             f"of that setting. Non-private: the {html.escape(a.sweep.metric_name)} of the same cell without DP. Error bars (several seeds): "
              f"the t-interval of the best setting's mean, and the settings a one-sided paired t-test over seeds "
              f"(α = {ALPHA:g}) cannot tell from the best, with their range of C (outlined on the heatmaps).</p>",
              _table(pd.DataFrame(rows))]

@@ -25,7 +25,7 @@ import pandas as pd
 from ..errors import UserError
 from ..platform.store import ResultsStore
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
-from ..schema import FIELDS, HYPERPARAMETERS, METRICS, names
+from ..schema import FIELDS, HYPERPARAMETERS, METRICS, Metric, names
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 #: Training options that split cells when they vary within a store (NULL means the default): the
@@ -107,8 +107,18 @@ class Sweep:
     def metric_label(self) -> str:
         """How lines and figures name the stored metric: its label, with its direction where lower
         is better ("accuracy" for a store that predates the ``metric`` column or mixes metrics)."""
+        metric = self._metric()
+        return metric.titled if metric is not None else "accuracy"
+
+    @property
+    def metric_name(self) -> str:
+        """The stored metric's label without its direction (a table column's name)."""
+        metric = self._metric()
+        return metric.label if metric is not None else "accuracy"
+
+    def _metric(self) -> Metric | None:
         metrics = set(self.trials["metric"].dropna()) if "metric" in self.trials else set()
-        return METRICS[metrics.pop()].titled if len(metrics) == 1 and next(iter(metrics)) in METRICS else "accuracy"
+        return METRICS[metrics.pop()] if len(metrics) == 1 and next(iter(metrics)) in METRICS else None
 
     @property
     def lower_is_better(self) -> bool:

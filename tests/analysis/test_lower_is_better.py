@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from dptune.analysis.figures import fixed_cost_figure, heatmap_figure
-from dptune.analysis.report import write_heatmaps
+from dptune.analysis.report import build_report, write_heatmaps
 from dptune.analysis.results import Sweep
 from dptune.analysis.uncertainty import with_error_bars
 from dptune.platform.store import ResultsStore
@@ -101,3 +101,10 @@ def test_error_bars_and_status_pick_the_smallest_nll(store):
         assert optima.loc[cell(eps), "indistinguishable"] == 1   # every other setting is ≥ 0.1 nats worse
     trials = store.table("trials")
     assert best_setting(trials[trials["epsilon"] == 2.0]).startswith("2.000 (C=1, B=128, η=0.01; 3 seeds)")
+
+
+def test_the_report_names_the_metric_in_its_tables(store):
+    html = build_report(store)
+    for header in ("best test NLL", "median test NLL", "test NLL (lower is better)"):
+        assert f'<th class="num">{header}</th>' in html
+    assert "accuracy" not in html.lower()

@@ -1,6 +1,8 @@
 """Causal language models under DP (generation tasks): per-example gradients of each family against a
 loop, the completion loss against a hand computation, prompt/completion encoding, the embedded
 GGUF model, and one-line refusals. Small random configs; the 135M model only where it is the subject."""
+import importlib
+import inspect
 import json
 import math
 
@@ -13,6 +15,7 @@ from dptune.schema import TrainConfig
 from dptune.trainables import DPEngine
 from dptune.trainables.data.generation import IGNORE, MIN_PROMPT_TOKENS, encode_pairs, text_pairs
 from dptune.trainables.engine.book_keeping import BookKeepingEngine
+from dptune.trainables.engine.layer_rules import LLAMA_RMS_NORMS
 from dptune.trainables.models.catalog import create_model
 from dptune.trainables.tasks import completion_nll
 from dptune.trainables.training import Trainer
@@ -72,11 +75,21 @@ def test_clipped_sums_and_norms_of_each_family_match_a_per_example_loop_in_float
     assert sums.keys() == ref_sums.keys()
     for name, ref in ref_sums.items():
         torch.testing.assert_close(sums[name], ref, rtol=RTOL, atol=RTOL * float(ref.abs().max()) + 1e-15)
+    rules = {r["rule"] for r in engine.norms.explain()}
+    assert rules <= {"linear", "embedding", "normalisation"}   # RMSNorm and tied embeddings in closed form
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     if peft == "lora":
         assert trainable and all("lora_" in n for n in trainable)
     else:
         assert len(trainable) == len(list(model.parameters()))
+
+
+def test_the_rms_norms_the_engine_takes_in_closed_form_run_llamas_forward():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    reference = inspect.getsource(LlamaRMSNorm.forward)
+    for module, name in LLAMA_RMS_NORMS.items():
+        assert inspect.getsource(getattr(importlib.import_module(module), name).forward) == reference, name
 
 
 def test_the_completion_loss_is_the_summed_nll_of_the_completion_tokens_computed_by_hand():

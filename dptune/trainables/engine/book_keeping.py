@@ -45,6 +45,7 @@ from .replay_rule import REPLAYED
 from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext, Rule, _materialised_rule
 from .norm_estimators import WEIGHT_NORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
+from .tied_rule import closed_tie, tied_embedding_head
 
 #: Relative tolerance of the first-batch check that the hooks saw every use of every parameter, and
 #: its floor, relative to the norm of the whole batch gradient (a parameter whose true gradient is 0,
@@ -179,6 +180,7 @@ class BookKeepingEngine:
         self._sums: dict[str, torch.Tensor] = {}
         self._factors: torch.Tensor | None = None
         self._tied: dict[str, torch.Tensor] = {}   # tied parameter → its per-example gradients, summed over uses
+        self._tied_uses: dict[str, list] = {}  # tied embedding/output weight → (module, calls) of its uses
         self._batch_size = 0
 
     def start_step(self, seed: int | None) -> None:
@@ -268,25 +270,42 @@ class BookKeepingEngine:
             return None
         tied = [n for n in entry.names if n in entry.tied]
         kept, form = 0, ""
-        if tied:
-            for local, g in COMPOSITE.per_example(entry.module, calls, tied, batch_size).items():
+        closed = [n for n in tied if closed_tie(self._uses(entry.qualified[entry.names.index(n)]))]
+        for local in closed:  # its norm is taken once every use is in (``_tied_layer``)
+            q = entry.qualified[entry.names.index(local)]
+            self._tied_uses.setdefault(q, []).append(
+                (entry.module, [Call(c.args, {}, list(c.grads)) for c in calls]))
+        if closed:
+            form = f"tied {', '.join(closed)}: closed form with its other uses (embedding + output layer)"
+        vmapped = [n for n in tied if n not in closed]
+        if vmapped:
+            for local, g in COMPOSITE.per_example(entry.module, calls, vmapped, batch_size).items():
                 q = entry.qualified[entry.names.index(local)]
                 self._tied[q] = self._tied[q] + g if q in self._tied else g
                 kept += g.numel() * g.element_size()
-            uses = sorted({e.name or "<root>" for e in self.planned for n in tied
-                           if entry.qualified[entry.names.index(n)] in e.qualified})
-            form = f"tied {', '.join(tied)}: per-example vmap, summed over its uses ({', '.join(uses)})"
+            uses = sorted({e.name or "<root>" for n in vmapped for e, _ in
+                           self._uses(entry.qualified[entry.names.index(n)], entries=True)})
+            form = "; ".join(f for f in (form, f"tied {', '.join(vmapped)}: per-example vmap, summed over its "
+                                         f"uses ({', '.join(uses)})") if f)
         own = [n for n in entry.names if n not in entry.tied]
         grads = entry.rule.per_sample(entry.module, calls, own, self.ctx, batch_size) if own else None
         entry.form = "; ".join(f for f in (grads.form if grads else "", form) if f)
         entry.kept_bytes = kept + (grads.kept_bytes if grads else 0)
         return grads
 
+    def _uses(self, qualified: str, entries: bool = False) -> list:
+        """The planned uses of a parameter: (module, its local name there), or (entry, local name)."""
+        return [(e if entries else e.module, local) for e in self.planned
+                for local, q in zip(e.names, e.qualified) if q == qualified]
+
     def _tied_layer(self) -> list[tuple[dict[str, str], LayerGrads]]:
-        """The tied parameters as one more layer: norms of the summed per-example gradients."""
-        if not self._tied:
-            return []
-        return [({q: q for q in self._tied}, _materialised_rule(self._tied, "tied", 0))]
+        """The tied parameters as more layers: a tied embedding and output layer in closed form
+        (``tied_rule``), the others from their summed per-example gradients."""
+        layers = [({"weight": q}, tied_embedding_head(uses, self.params[q], self._batch_size))
+                  for q, uses in self._tied_uses.items()]
+        if self._tied:
+            layers.append(({q: q for q in self._tied}, _materialised_rule(self._tied, "tied", 0)))
+        return layers
 
     def _reduce(self, entry: _Planned) -> None:
         """Two-pass mode, first pass: one layer's per-sample norms (and, first batch, its Σ_i g_i);
@@ -311,11 +330,21 @@ class BookKeepingEngine:
         for call in entry.calls:
             call.args, call.kwargs, call.grads = (), {}, []
 
-    @staticmethod
-    def _add(sums: dict[str, torch.Tensor], names: dict[str, str], grads: dict[str, torch.Tensor]) -> None:
+    def _add(self, sums: dict[str, torch.Tensor], names: dict[str, str], grads: dict[str, torch.Tensor]) -> None:
+        """Add a layer's gradients (fresh tensors from its rule) to ``sums``; the first one of a
+        parameter is taken as it is (no zeros to fill and add to: a pass over every parameter)."""
         for local, g in grads.items():
             q = names[local]
-            sums[q] += g.reshape(sums[q].shape).to(sums[q].dtype)
+            p = self.params[q]
+            g = g.reshape(p.shape).to(p.dtype)
+            if q in sums:
+                sums[q] += g
+            else:
+                sums[q] = g
+
+    def _all(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``sums`` with zeros for the parameters no layer gave gradient, in the parameters' order."""
+        return {n: sums[n] if n in sums else torch.zeros_like(p) for n, p in self.params.items()}
 
     # ---- one micro-batch ----------------------------------------------------------------------------
 
@@ -362,7 +391,7 @@ class BookKeepingEngine:
             self._reset()  # release the stored activations and gradients
 
     def _reset(self) -> None:
-        self._streaming, self._sums, self._factors, self._tied = None, {}, None, {}
+        self._streaming, self._sums, self._factors, self._tied, self._tied_uses = None, {}, None, {}, {}
         for entry in self.planned:
             entry.calls, entry.edges, entry.sq, entry.batch_grads = [], [], None, {}
             entry.expected = entry.arrived = 0
@@ -399,10 +428,10 @@ class BookKeepingEngine:
             self._check_coverage(recon, dict(zip(self.params, reference)), {q for names, _ in layers for q in names.values()})
         norms = self._norms([grads.sq for _, grads in layers], losses)
         c = factors(norms).detach()  # [b]
-        sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        sums: dict[str, torch.Tensor] = {}
         for names, grads in layers:
             self._add(sums, names, grads.clipped(c))
-        return sums, norms
+        return self._all(sums), norms
 
     def _two_passes(self, losses: torch.Tensor, factors: FactorFn) -> tuple[dict, torch.Tensor]:
         """Norms layer by layer during a first backward (each G dropped as it is used), then the
@@ -426,7 +455,8 @@ class BookKeepingEngine:
             for names, grads in tied:
                 self._add(recon, names, grads.clipped(torch.ones_like(grads.sq)))
             self._check_coverage(recon, dict(zip(self.params, batch)),
-                                 {q for e in self.planned if e.batch_grads for q in e.qualified} | set(self._tied))
+                                 {q for e in self.planned if e.batch_grads for q in e.qualified}
+                                 | {q for names, _ in tied for q in names.values()})
         reached = dict(zip(self.params, batch))
         unseen = [q for e in self.planned if not e.calls for q in e.qualified
                   if reached.get(q) is not None and bool(reached[q].abs().max() > 0)]
@@ -436,7 +466,7 @@ class BookKeepingEngine:
                             + ", ".join(unseen))
         norms = self._norms([e.sq for e in self.planned if e.sq is not None] + [g.sq for _, g in tied], losses)
         self._factors = factors(norms).detach()  # [b]
-        self._sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        self._sums = {}
         for names, grads in tied:
             self._add(self._sums, names, grads.clipped(self._factors))
         for entry in self.planned:
@@ -449,7 +479,7 @@ class BookKeepingEngine:
         for entry in self.planned:   # a layer some of whose outputs got no gradient
             if any(c.received for c in entry.calls):
                 self._reduce_clipped(entry)
-        return self._sums, norms
+        return self._all(self._sums), norms
 
     def _norms(self, squares: list[torch.Tensor], losses: torch.Tensor) -> torch.Tensor:
         """n_i = √(Σ over layers of the per-sample squared norms) [b]."""

@@ -157,8 +157,8 @@ class DPEngine:
         NaN), and whether a step succeeds never depends on one example. Its norm is returned as is,
         so the caller can count it."""
         # in at least float32, whatever the parameters' dtype (noise is added to them: noise.py)
-        sums = {n: torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32))
-                for n, p in self.params.items()}
+        dtypes = {n: torch.promote_types(p.dtype, torch.float32) for n, p in self.params.items()}
+        sums: Sums = {}
         all_norms = []
         if self.probes is not None and hasattr(self.norms, "start_step"):  # probes per (step, layer)
             self.norms.start_step(self.probes.seed() if isinstance(self.probes, Stream) else
@@ -171,11 +171,14 @@ class DPEngine:
                     keep = finite.nonzero(as_tuple=True)[0]
                     part = self.norms.clipped_sum(select_rows(x, keep), y[keep], self._factors)[0] if len(keep) \
                         else {}
-                for name, s in part.items():
-                    sums[name] += s
+                for name, s in part.items():   # the first micro-batch's sums are taken as they are
+                    if name in sums:
+                        sums[name] += s
+                    else:
+                        sums[name] = s.to(dtypes[name])
                 all_norms.append(norms.detach())
         norms = torch.cat(all_norms) if all_norms else torch.zeros(0, device=targets.device)
-        return sums, norms
+        return {n: sums[n] if n in sums else torch.zeros_like(p, dtype=dtypes[n]) for n, p in self.params.items()}, norms
 
     def _factors(self, norms: torch.Tensor) -> torch.Tensor:
         """c_i = clip_fn(n_i, C)."""

@@ -263,12 +263,17 @@ def linear_weight_grads(A: torch.Tensor, G: torch.Tensor, ctx: NormContext, modu
     """The per-sample view of a weight of ``module`` from A [b, T, d] and G [b, T, p]
     (``WeightGrads``), with the estimator of ``ctx``; its probes come from ``probes`` when given (a
     module with several weights draws them all from one generator), else ``ctx.probes(module)``."""
-    b, T, d = A.shape
-    p = G.shape[2]
-    dtype = _compute_dtype(G)
     if ctx.estimator != "ghost":
         generator = probes if probes is not None else ctx.probes(module)
         return WeightGrads(A, G, WEIGHT_NORMS[ctx.estimator](A, G, ctx.sketch_k, generator), ctx.estimator)
+    return exact_weight_grads(A, G)
+
+
+def exact_weight_grads(A: torch.Tensor, G: torch.Tensor) -> WeightGrads:
+    """``linear_weight_grads`` with exact norms: ghost or materialised, the cheaper from the shapes."""
+    b, T, d = A.shape
+    p = G.shape[2]
+    dtype = _compute_dtype(G)
     if T == 1:
         return WeightGrads(A, G, A.to(dtype).pow(2).sum(dim=(1, 2)) * G.to(dtype).pow(2).sum(dim=(1, 2)),
                            "ghost (T = 1)")
@@ -361,23 +366,45 @@ class Embedding(Rule):
         return _own_forward(module, nn.Embedding) and not module.scale_grad_by_freq and not module.sparse
 
     def per_sample(self, module, calls, names, ctx, batch_size):
-        ids = torch.cat([c.args[0].reshape(batch_size, -1) for c in calls], dim=1)  # [b, T]
-        G = torch.cat([c.grad.reshape(batch_size, -1, module.embedding_dim) for c in calls], dim=1)  # [b, T, e]
-        example = torch.arange(batch_size, device=ids.device)[:, None].expand_as(ids)  # [b, T]
-        keep = ids != module.padding_idx if module.padding_idx is not None else torch.ones_like(ids, dtype=torch.bool)
-        keys = (example * module.num_embeddings + ids)[keep]  # [n] one key per (example, token id)
-        unique, slot = torch.unique(keys, return_inverse=True)
-        dtype = _compute_dtype(G)
-        rows = torch.zeros(len(unique), module.embedding_dim, device=G.device, dtype=dtype)
-        rows.index_add_(0, slot, G[keep].to(dtype))  # [u, e] one row of one example's gradient each
-        sq = torch.zeros(batch_size, device=G.device, dtype=dtype)
-        sq.index_add_(0, unique // module.num_embeddings, rows.pow(2).sum(dim=1))
+        ids, G, keep = embedding_uses(module, calls, batch_size)
+        sq, rows = embedding_sq_norms(ids, G, keep, module.num_embeddings)
 
         def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-            scaled = (G * c.to(G.dtype)[:, None, None])[keep]  # [n, e]
-            return {"weight": torch.zeros_like(module.weight).index_add_(0, ids[keep], scaled.to(module.weight.dtype))}
+            return {"weight": embedding_clipped(ids, G, keep, c, module.weight)}
 
         return LayerGrads(sq, clipped, "rows per example", _nbytes(ids, G, rows))
+
+
+def embedding_uses(module: nn.Embedding, calls: Sequence[Call], batch_size: int) -> tuple[torch.Tensor, ...]:
+    """(token ids [b, S], output gradients [b, S, e], which positions reach the weight [b, S]: not
+    ``padding_idx``) of an embedding's calls."""
+    ids = torch.cat([c.args[0].reshape(batch_size, -1) for c in calls], dim=1)
+    G = torch.cat([c.grad.reshape(batch_size, -1, module.embedding_dim) for c in calls], dim=1)
+    keep = ids != module.padding_idx if module.padding_idx is not None else torch.ones_like(ids, dtype=torch.bool)
+    return ids, G, keep
+
+
+def embedding_sq_norms(ids: torch.Tensor, G: torch.Tensor, keep: torch.Tensor,
+                       vocabulary: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example squared norms [b] of an embedding's weight gradient: G summed over each example's
+    equal tokens, one row per (example, token id) (also returned, [u, e])."""
+    b = ids.shape[0]
+    example = torch.arange(b, device=ids.device)[:, None].expand_as(ids)  # [b, S]
+    keys = (example * vocabulary + ids)[keep]  # [n] one key per (example, token id)
+    unique, slot = torch.unique(keys, return_inverse=True)
+    dtype = _compute_dtype(G)
+    rows = torch.zeros(len(unique), G.shape[-1], device=G.device, dtype=dtype)
+    rows.index_add_(0, slot, G[keep].to(dtype))
+    sq = torch.zeros(b, device=G.device, dtype=dtype)
+    sq.index_add_(0, unique // vocabulary, rows.pow(2).sum(dim=1))
+    return sq, rows
+
+
+def embedding_clipped(ids: torch.Tensor, G: torch.Tensor, keep: torch.Tensor, c: torch.Tensor,
+                      weight: torch.Tensor) -> torch.Tensor:
+    """Σ_i c_i g_i of an embedding's weight (shaped like ``weight``)."""
+    scaled = (G * c.to(G.dtype)[:, None, None])[keep]  # [n, e]
+    return torch.zeros_like(weight).index_add_(0, ids[keep], scaled.to(weight.dtype))
 
 
 def loaded_class(module: str, name: str) -> type | None:
@@ -393,17 +420,37 @@ def _layer_norm_types() -> tuple[type, ...]:
     return (nn.LayerNorm,) if timm_layer_norm is None else (nn.LayerNorm, timm_layer_norm)
 
 
+#: transformers' RMSNorm classes whose forward is LlamaRMSNorm's, y = w ⊙ (x / rms(x) in float32, cast
+#: back to x's dtype) (a test compares their sources); Gemma's (1 + w) and OLMo-2's order differ.
+LLAMA_RMS_NORMS = {f"transformers.models.{family}.modeling_{family}": f"{cls}RMSNorm" for family, cls in (
+    ("llama", "Llama"), ("mistral", "Mistral"), ("mixtral", "Mixtral"), ("qwen2", "Qwen2"),
+    ("qwen2_moe", "Qwen2Moe"), ("qwen3", "Qwen3"), ("phi3", "Phi3"), ("granite", "Granite"),
+    ("smollm3", "SmolLM3"))}
+
+
+def _llama_rms_norm(module: nn.Module) -> bool:
+    """``module`` is one of ``LLAMA_RMS_NORMS`` running its class's forward (not a hub kernel's)."""
+    kind = type(module)
+    return (LLAMA_RMS_NORMS.get(kind.__module__) == kind.__name__ and "forward" not in vars(module)
+            and loaded_class(kind.__module__, kind.__name__) is kind)
+
+
 class Normalisation(Rule):
-    """LayerNorm, GroupNorm, RMSNorm: y = x̂ ⊙ w + b with x̂ the normalised input, so the per-sample
-    gradients are Σ_positions x̂ ⊙ G (weight) and Σ_positions G (bias) — closed forms, one pass."""
+    """LayerNorm, GroupNorm, RMSNorm (torch's and the Llama family's): y = x̂ ⊙ w + b with x̂ the
+    normalised input, so the per-sample gradients are Σ_positions x̂ ⊙ G (weight) and Σ_positions G
+    (bias) — closed forms, one pass."""
 
     name = "normalisation"
 
     def handles(self, module: nn.Module) -> bool:
-        return _own_forward(module, *_layer_norm_types(), nn.GroupNorm, nn.RMSNorm)
+        return _own_forward(module, *_layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or _llama_rms_norm(module)
 
     def _normalised(self, module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
         """(x̂, the dims summed for a per-sample gradient) of one call."""
+        if _llama_rms_norm(module):
+            xf = x.to(torch.float32)  # the same operations as the forward, so the same rounding
+            xhat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)).to(x.dtype)
+            return xhat, tuple(range(x.dim() - 1))
         if isinstance(module, nn.GroupNorm):
             xhat = F.group_norm(x, module.num_groups, None, None, module.eps)  # [b, C, *spatial]
             return xhat, (0, *range(2, x.dim()))
