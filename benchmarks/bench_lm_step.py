@@ -103,20 +103,33 @@ def make_step(method: str, model: nn.Module, x: dict, y: torch.Tensor) -> Callab
             step()
             torch.cuda.synchronize()
 
+        synced.model = model
         return synced
+    step.model = model
     return step
 
 
+def release_gradients(model: nn.Module) -> None:
+    """Drop what the last step left on the parameters (gradients; Opacus' per-sample gradients), so
+    the next step's peak counts them for every method alike."""
+    for p in model.parameters():
+        for name in ("grad", "grad_sample", "summed_grad"):
+            if getattr(p, name, None) is not None:
+                setattr(p, name, None)
+
+
 def peak_memory(step: Callable[[], None]) -> str:
-    """GiB one step needs: on a GPU the allocator's peak; on CPU the peak resident memory above what
-    was resident before the step (Linux: VmHWM, reset through /proc/self/clear_refs after a warm step
-    and after glibc returned its free memory), model and optimizer state excluded."""
+    """GiB one step needs above the model and optimizer state, its gradients included: after a warm
+    step and with the gradients released, the peak during one more step above what was held before
+    it — on a GPU the allocator's, on CPU the resident memory's (Linux: VmHWM, reset through
+    /proc/self/clear_refs after glibc returned its free memory). Called after the timed steps."""
+    release_gradients(step.model)
+    gc.collect()
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
         step()
-        return f"{torch.cuda.max_memory_allocated() / 2**30:.2f}"
-    step()
-    gc.collect()
+        return f"{(torch.cuda.max_memory_allocated() - before) / 2**30:.2f}"
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")
     before = _status_kib("VmRSS")

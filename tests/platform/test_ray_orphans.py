@@ -19,6 +19,22 @@ def alive(pid: int) -> bool:
         return False
 
 
+def titled(pid_file, title: str) -> bool:
+    """The process whose pid ``pid_file`` holds runs under ``title`` (its exec has happened)."""
+    try:
+        with open(f"/proc/{int(pid_file.read_text())}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode() == title
+    except (OSError, ValueError):
+        return False
+
+
+def wait_for(condition) -> None:
+    """Poll until ``condition()`` holds: a synchronisation point, not a deadline (a process that never
+    starts leaves the test to the suite's time limit)."""
+    while not condition():
+        time.sleep(0.02)
+
+
 def test_an_agent_whose_raylet_died_is_stopped_and_one_of_a_live_raylet_is_not(tmp_path):
     def raylet(script: str) -> subprocess.Popen:   # bash running ``script``, titled as a raylet
         return subprocess.Popen(["/fake/ray/raylet", "-c", script], executable="/bin/bash", cwd=tmp_path)
@@ -29,11 +45,7 @@ def test_an_agent_whose_raylet_died_is_stopped_and_one_of_a_live_raylet_is_not(t
     (tmp_path / "worker.sh").write_text("(exec -a ray::IDLE sleep 300) & echo $! > kept; wait\n")
     live = raylet("(exec -a ray::IDLE bash worker.sh) & wait")
     try:
-        for _ in range(100):
-            if (tmp_path / "orphan").exists() and (tmp_path / "kept").exists():
-                break
-            time.sleep(0.05)
-        time.sleep(0.2)
+        wait_for(lambda: titled(tmp_path / "orphan", "ray::DashboardAgent") and titled(tmp_path / "kept", "ray::IDLE"))
         orphan, kept = int((tmp_path / "orphan").read_text()), int((tmp_path / "kept").read_text())
         assert orphan not in orphaned_ray_processes() and kept not in orphaned_ray_processes()
         dead.kill()

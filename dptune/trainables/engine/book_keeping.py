@@ -12,7 +12,8 @@ batch-first models); a first input shared by the batch (leading dim 1, e.g. posi
 expanded to the batch first, which leaves the model's outputs unchanged. A parameter no closed
 form covers goes to the outermost module above it with none, taken as one unit
 (``composite_rule``); a parameter used by several modules (tied) gets the sum of its per-example
-gradients over those uses before its norm (``plan_modules``).
+gradients over those uses before its norm (``plan_modules``), in closed form for token embeddings
+tied to an output layer (``tied_rule``).
 
 On the first batch the engine also checks that each parameter's batch gradient (one extra
 backward, that batch only) equals the sum of what the rules saw. A parameter also used outside the
@@ -438,7 +439,8 @@ class BookKeepingEngine:
         clipped sums layer by layer during a second backward to the recorded outputs, from the same
         rules as the norms (Opacus's ghost clipping takes the clipped sum from autograd instead, which
         counts a use of a parameter the hooks do not see and so can exceed C for that example).
-        Tied parameters keep their summed per-example gradients between the passes.
+        Tied parameters keep their summed per-example gradients between the passes (a tied
+        embedding and output layer: the inputs and output gradients of its uses).
         Every step checks that no parameter got gradient from a module whose hooks did not fire."""
         params = list(self.params.values())
         self._streaming = self._reduce
