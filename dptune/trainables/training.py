@@ -63,6 +63,17 @@ def divergence(metrics: dict) -> str | None:
     return None
 
 
+def norm_metrics(norms: torch.Tensor, labels: torch.Tensor, clip_bound: float) -> dict:
+    """An epoch's per-sample norm statistics (NOT private: computed from the private examples): the
+    examples whose norm was not finite (they contributed nothing), the clipped fraction and the
+    per-class norm distributions."""
+    finite = torch.isfinite(norms)
+    norms, labels = norms[finite], labels[finite]
+    return {"nonfinite_examples": int((~finite).sum()),
+            "clipped_fraction": float((norms > clip_bound).float().mean()) if len(norms) else 0.0,
+            "nonprivate_gradnorms": class_norm_statistics(norms, labels, clip_bound, histogram=True)}
+
+
 @dataclass(frozen=True)
 class PrivacyPlan:
     """What the accountant fixes before training: q = B/N, T = ⌈E·N/B⌉ and σ."""
@@ -89,6 +100,16 @@ def plan_privacy(cfg: TrainConfig, num_examples: int) -> PrivacyPlan:
         sigma = calibrate_noise(cfg.epsilon, cfg.delta, q, steps, norm_estimator=cfg.norm_estimator,
                                 sketch_k=cfg.sketch_k)
     return PrivacyPlan(q, steps, sigma)
+
+
+def epoch_epsilons(cfg: TrainConfig, plan: PrivacyPlan) -> list[float]:
+    """ε spent at the end of every epoch (0 before any step), from one accountant evaluation on the
+    mesh of the whole run (:func:`~dptune.privacy.accountant.epsilon_curve`) instead of one per
+    epoch: in a short trial the per-epoch evaluations cost about as much as the training."""
+    counts = accounted_steps(cfg.epochs, plan.steps)
+    curve = dict(zip(counts, epsilon_curve(plan.noise_multiplier, cfg.delta, plan.sample_rate, counts,
+                                           norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k)))
+    return [curve.get(t, 0.0) for t in epoch_end_steps(cfg.epochs, plan.steps)]
 
 
 def check_workers(state: dict, workers: int) -> None:
@@ -208,14 +229,8 @@ class Trainer:
 
     @functools.cached_property
     def epoch_epsilons(self) -> list[float]:
-        """ε spent at the end of every epoch (0 before any step), from one accountant evaluation on
-        the mesh of the whole run (:func:`~dptune.privacy.accountant.epsilon_curve`) instead of one per
-        epoch: in a short trial the per-epoch evaluations cost about as much as the training."""
-        counts = accounted_steps(self.cfg.epochs, self.plan.steps)
-        curve = dict(zip(counts, epsilon_curve(self.plan.noise_multiplier, self.cfg.delta, self.plan.sample_rate,
-                                               counts, norm_estimator=self.cfg.norm_estimator,
-                                               sketch_k=self.cfg.sketch_k)))
-        return [curve.get(t, 0.0) for t in self.epoch_ends]
+        """ε spent at the end of every epoch (:func:`epoch_epsilons`)."""
+        return epoch_epsilons(self.cfg, self.plan)
 
     @property
     def done(self) -> bool:
@@ -260,32 +275,30 @@ class Trainer:
             if progress is not None:
                 progress.update(1)
         self.train_time_s += time.perf_counter() - start
-        metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s}
-        if self.cfg.score_noise is not None:   # private selection: one noisy look at validation, at the end
-            metrics.update(self.noisy_score() if self.done else {})
-        else:
-            metrics.update(self.task.evaluate(self.model, self.data.test, self.device, "test"))
-            if self.data.validation is not None:   # what a search selects on: NOT private
-                metrics.update(self.task.evaluate(self.model, self.data.validation, self.device, "validation"),
-                               validation_nonprivate=True)
-            if isinstance(self.task, Generation):
-                metrics.update(self.generation_metrics())
+        metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s, **self.evaluation()}
         if self.engine is not None:
             metrics["epsilon_spent"] = self.epoch_epsilons[self.epoch - 1]
             all_norms = torch.cat(norms) if norms else torch.zeros(0)
             all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
             all_norms, all_labels = self.workers.gather(all_norms), self.workers.gather(all_labels)  # all shards
-            finite = torch.isfinite(all_norms)   # an example with a NaN or inf norm contributed nothing: counted
-            metrics["nonfinite_examples"] = int((~finite).sum())
-            all_norms, all_labels = all_norms[finite], all_labels[finite]
-            metrics["clipped_fraction"] = float((all_norms > self.cfg.clip_bound).float().mean()) if len(all_norms) else 0.0
-            # Non-private diagnostics: computed from the private training examples.
-            metrics["nonprivate_gradnorms"] = class_norm_statistics(all_norms, all_labels, self.cfg.clip_bound,
-                                                                    histogram=True)
+            metrics.update(norm_metrics(all_norms, all_labels, self.cfg.clip_bound))
             for part in self.engine.parts:   # a denoiser's statistics; diagnostics (NOT private)
                 metrics.update(part.epoch_metrics(parts[part.key]))
         else:
             metrics["epsilon_spent"] = math.inf
+        return metrics
+
+    def evaluation(self) -> dict:
+        """The model's metrics now: test (and validation, NOT private) loss and accuracy or NLL,
+        a generation task's scores at the end; with private selection only its noisy score, at the end."""
+        if self.cfg.score_noise is not None:   # private selection: one noisy look at validation, at the end
+            return self.noisy_score() if self.done else {}
+        metrics = self.task.evaluate(self.model, self.data.test, self.device, "test")
+        if self.data.validation is not None:   # what a search selects on: NOT private
+            metrics.update(self.task.evaluate(self.model, self.data.validation, self.device, "validation"),
+                           validation_nonprivate=True)
+        if isinstance(self.task, Generation):
+            metrics.update(self.generation_metrics())
         return metrics
 
     def fit(self, report: Report | None = None, *, state: dict | None = None,

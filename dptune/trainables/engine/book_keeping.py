@@ -45,6 +45,7 @@ from .composite_rule import COMPOSITE, detached
 from .replay_rule import REPLAYED
 from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext, Rule, _materialised_rule
 from .norm_estimators import WEIGHT_NORMS
+from .packed_rules import PACKED_FORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
 from .tied_rule import closed_tie, tied_embedding_head
 
@@ -90,7 +91,7 @@ def _closed_form(module: nn.Module, local: str) -> Rule | None:
     """The closed-form rule for ``module``'s own parameter ``local``, if any."""
     if BROADCAST.handles(module) and local in BROADCAST.parameter_names(module):
         return BROADCAST
-    return next((r for r in CLOSED_FORMS if r.handles(module)), None)
+    return next((r for r in (*PACKED_FORMS, *CLOSED_FORMS) if r.handles(module)), None)
 
 
 def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> list[_Planned]:

@@ -1,0 +1,196 @@
+"""A pack: K copies of one model trained as one batched model (docs/architecture.md, "Packed trials").
+
+Every module that owns trainable parameters is replaced by its packed form, whose parameters carry
+a leading member dimension K; the batch of the packed model is the K members' batches one after
+the other (row k·b + i is example i seen by member k). A packed layer sends the rows of member k
+through member k's weights only, in one batched operation (``bmm``, a grouped convolution, one
+normalisation), so that the K members cost one forward and one backward: the idea of HFTA (Wang et
+al., MLSys 2021, "Horizontally fused training array"), here for DP training. Modules without
+trainable parameters (activations, pooling, frozen backbone layers) see K·b rows and stay shared.
+
+Because row (k, i) reaches only member k's slices, its per-example gradient over the whole packed
+model is member k's per-example gradient: the book-keeping engine's norms and clipped sums of the
+packed model are each member's own (``packed_rules``).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import UserError
+from .layer_rules import _layer_norm_types, _own_forward
+
+
+def _stack(modules: Sequence[nn.Module], name: str) -> nn.Parameter | None:
+    tensors = [getattr(m, name) for m in modules]
+    if tensors[0] is None:
+        return None
+    return nn.Parameter(torch.stack([t.detach().clone() for t in tensors]), requires_grad=tensors[0].requires_grad)
+
+
+def _by_member(x: torch.Tensor, members: int) -> torch.Tensor:
+    """[K·b, *rest] → [K, b, *rest] (a view)."""
+    return x.reshape(members, x.shape[0] // members, *x.shape[1:])
+
+
+class PackedLinear(nn.Module):
+    """K ``nn.Linear`` layers: weight [K, out, in], bias [K, out]; y_k = x_k W_kᵀ + b_k by one ``bmm``."""
+
+    def __init__(self, layers: Sequence[nn.Linear]) -> None:
+        super().__init__()
+        self.members = len(layers)
+        self.in_features, self.out_features = layers[0].in_features, layers[0].out_features
+        self.weight = _stack(layers, "weight")
+        self.bias = _stack(layers, "bias")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs = x.reshape(self.members, -1, self.in_features)  # [K, b·T, in]
+        w = self.weight.transpose(1, 2)
+        y = torch.bmm(xs, w) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), xs, w)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class PackedConv2d(nn.Module):
+    """K ``nn.Conv2d`` layers (zero padding, groups = 1) as one convolution with K groups: the K
+    members' rows side by side in the channels."""
+
+    def __init__(self, layers: Sequence[nn.Conv2d]) -> None:
+        super().__init__()
+        first = layers[0]
+        self.members = len(layers)
+        self.kernel_size, self.stride, self.padding, self.dilation = (first.kernel_size, first.stride,
+                                                                      first.padding, first.dilation)
+        self.groups = 1   # each member's own convolution (the packed forward groups the K members)
+        self.weight = _stack(layers, "weight")  # [K, out, in, kh, kw]
+        self.bias = _stack(layers, "bias")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        K = self.members
+        b = x.shape[0] // K
+        side = x.reshape(K, b, *x.shape[1:]).transpose(0, 1).reshape(b, K * x.shape[1], *x.shape[2:])
+        y = F.conv2d(side, self.weight.reshape(-1, *self.weight.shape[2:]),
+                     None if self.bias is None else self.bias.reshape(-1), self.stride, self.padding, self.dilation, K)
+        return y.reshape(b, K, -1, *y.shape[2:]).transpose(0, 1).reshape(K * b, -1, *y.shape[2:])
+
+
+class PackedNorm(nn.Module):
+    """K LayerNorm or GroupNorm layers: one normalisation of all rows, then member k's affine
+    (weight and bias [K, *shape])."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        super().__init__()
+        first = layers[0]
+        self.members = len(layers)
+        self.eps = first.eps
+        self.group = isinstance(first, nn.GroupNorm)
+        self.num_groups = first.num_groups if self.group else None
+        self.normalized_shape = None if self.group else tuple(first.normalized_shape)
+        self.weight = _stack(layers, "weight")
+        self.bias = _stack(layers, "bias")
+
+    def normalised(self, x: torch.Tensor) -> torch.Tensor:
+        """x̂: the normalised input, before the affine."""
+        if self.group:
+            return F.group_norm(x, self.num_groups, None, None, self.eps)
+        return F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+
+    def affine_shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        """The shape of one member's weight as it broadcasts over that member's rows [b, ...]."""
+        if self.group:   # [C] over [b, C, *spatial]
+            return (1, x.shape[1]) + (1,) * (x.dim() - 2)
+        return (1,) * (x.dim() - len(self.normalized_shape)) + self.normalized_shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        K = self.members
+        xhat = _by_member(self.normalised(x), K)   # [K, b, ...]
+        shape = (K, *self.affine_shape(x))
+        y = xhat * self.weight.reshape(shape) if self.weight is not None else xhat
+        if self.bias is not None:
+            y = y + self.bias.reshape(shape)
+        return y.reshape(x.shape)
+
+
+class PackedEmbedding(nn.Module):
+    """K ``nn.Embedding`` tables [K, V, e], looked up as one table of K·V rows."""
+
+    def __init__(self, layers: Sequence[nn.Embedding]) -> None:
+        super().__init__()
+        first = layers[0]
+        self.members = len(layers)
+        self.num_embeddings, self.embedding_dim, self.padding_idx = first.num_embeddings, first.embedding_dim, \
+            first.padding_idx
+        self.weight = _stack(layers, "weight")
+
+    def offset_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Member k's ids shifted into its block of the K·V-row table."""
+        K = self.members
+        offsets = torch.arange(K, device=ids.device).reshape(K, *(1,) * ids.dim()) * self.num_embeddings
+        return (_by_member(ids, K) + offsets).reshape(ids.shape)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = F.embedding(self.offset_ids(ids), self.weight.reshape(-1, self.embedding_dim))
+        if self.padding_idx is None:
+            return out
+        return torch.where((ids == self.padding_idx).unsqueeze(-1), out.detach(), out)  # no gradient to padding
+
+
+PACKED = (PackedLinear, PackedConv2d, PackedNorm, PackedEmbedding)
+
+
+def _packed_form(module: nn.Module) -> type | None:
+    """The packed class for a module whose algebra it repeats exactly, or None."""
+    if _own_forward(module, nn.Linear):
+        return PackedLinear
+    if _own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros" \
+            and not isinstance(module.padding, str):
+        return PackedConv2d
+    if _own_forward(module, *_layer_norm_types()) or _own_forward(module, nn.GroupNorm):
+        return PackedNorm
+    if _own_forward(module, nn.Embedding) and module.max_norm is None and not module.scale_grad_by_freq \
+            and not module.sparse:
+        return PackedEmbedding
+    return None
+
+
+def _owners(model: nn.Module) -> list[str]:
+    """Names of the modules that own trainable parameters directly."""
+    return [name for name, m in model.named_modules()
+            if any(p.requires_grad for p in m.parameters(recurse=False))]
+
+
+def packing_problems(model: nn.Module) -> list[str]:
+    """Why ``model`` cannot be packed: each module owning a trainable parameter with no packed form."""
+    return [f"{name or '<root>'} ({type(model.get_submodule(name)).__name__})" for name in _owners(model)
+            if _packed_form(model.get_submodule(name)) is None]
+
+
+def pack_models(models: Sequence[nn.Module]) -> nn.Module:
+    """One packed model from K models of the same architecture (their weights become the members').
+    Frozen modules are shared (taken from the first model). Refuses, naming them, the modules that
+    own a trainable parameter and have no packed form."""
+    problems = packing_problems(models[0])
+    if problems:
+        raise UserError("model cannot be packed (no packed form for these modules with trainable parameters: "
+                        f"{', '.join(problems)}); set trial.pack: off")
+    packed = copy.deepcopy(models[0])
+    for name in _owners(models[0]):
+        layers = [m.get_submodule(name) for m in models]
+        replacement = _packed_form(layers[0])(layers)
+        parent, _, leaf = name.rpartition(".")
+        setattr(packed.get_submodule(parent) if parent else packed, leaf, replacement)
+    return packed
+
+
+def load_member(packed: nn.Module, model: nn.Module, k: int) -> nn.Module:
+    """Copy member ``k``'s weights into ``model`` (an unpacked model of the same architecture)."""
+    with torch.no_grad():
+        for name, m in packed.named_modules():
+            if isinstance(m, PACKED):
+                target = model.get_submodule(name)
+                for local, p in m.named_parameters(recurse=False):
+                    getattr(target, local).copy_(p[k])
+    return model

@@ -1,0 +1,187 @@
+"""The book-keeping engine's rules for the layers of a pack (``packed_layers``).
+
+Row r = k·b + i of a packed layer's input and output gradient is example i of member k, so each
+row's per-sample squared norm is computed exactly as the unpacked layer's rule computes it (the
+same functions, on K·b rows: exact, Hutchinson and Hutch++ alike, with the same probes per step
+and layer), and the clipped sum Σ_i c_ki g_ki is formed per member: one batched product over the
+K members, shaped like the packed parameter [K, ...].
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layer_rules import (Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, _compute_dtype, _nbytes,
+                          embedding_clipped, embedding_sq_norms, linear_weight_grads, prefer_ghost)
+from .packed_layers import PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, _by_member
+
+
+def per_member(c: torch.Tensor, per_sample: torch.Tensor, members: int) -> torch.Tensor:
+    """Σ_i c_ki g_ki for each member k: [K·b] factors and [K·b, *shape] gradients → [K, *shape]."""
+    return torch.einsum("kb,kb...->k...", _by_member(c.to(per_sample.dtype), members), _by_member(per_sample, members))
+
+
+def _materialised(per_sample: dict[str, torch.Tensor], members: int, form: str, kept: int = 0) -> LayerGrads:
+    """A LayerGrads from per-row gradients {name: [K·b, *shape]}, summed per member."""
+    dtype = _compute_dtype(next(iter(per_sample.values())))
+    sq = sum(torch.linalg.vector_norm(g.flatten(1), dim=1, dtype=dtype).square() for g in per_sample.values())
+
+    def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {n: per_member(c, g, members) for n, g in per_sample.items()}
+
+    return LayerGrads(sq, clipped, form, kept + _nbytes(*per_sample.values()))
+
+
+def _weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor, names: Sequence[str], ctx: NormContext,
+                     form: str) -> LayerGrads:
+    """A weight applied as a ↦ Wa per member, from A [K·b, T, d] and G [K·b, T, p], and a bias
+    added at every position: the clipped weight sum per member is [K, d, p]."""
+    K = module.members
+    d, p = A.shape[2], G.shape[2]
+    weight = linear_weight_grads(A, G, ctx, module) if "weight" in names else None
+    bias = G.sum(dim=1) if "bias" in names else None  # [K·b, p]
+    sq = torch.zeros(A.shape[0], device=G.device, dtype=_compute_dtype(G))
+    if weight is not None:
+        sq = sq + weight.sq
+    if bias is not None:
+        sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
+
+    def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {}
+        if weight is not None:
+            if weight.M is not None:
+                M = per_member(c, weight.M, K)  # [K, d, p]
+            else:
+                scaled = (A * c.to(A.dtype)[:, None, None]).reshape(K, -1, d)
+                M = torch.bmm(scaled.transpose(1, 2), G.reshape(K, -1, p))
+            out["weight"] = M.transpose(1, 2).reshape(module.weight.shape)
+        if bias is not None:
+            out["bias"] = per_member(c, bias, K)
+        return out
+
+    return LayerGrads(sq, clipped, (weight.form if weight is not None else "bias only") + f", {form}",
+                      _nbytes(A, G, bias) + (weight.kept_bytes if weight is not None else 0))
+
+
+class PackedLinearRule(Rule):
+    """``PackedLinear``: the linear rule per row, the clipped weight sums by one ``bmm``."""
+
+    name = "packed linear"
+
+    def handles(self, module: nn.Module) -> bool:
+        return isinstance(module, PackedLinear)
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        A = torch.cat([c.args[0].reshape(batch_size, -1, module.in_features) for c in calls], dim=1)
+        G = torch.cat([c.grad.reshape(batch_size, -1, module.out_features) for c in calls], dim=1)
+        return _weight_and_bias(module, A, G, names, ctx, "packed")
+
+
+class PackedConv2dRule(Rule):
+    """``PackedConv2d``: per-row weight gradients by the unpacked convolution rule's forms (the rows
+    folded into groups; unfolded grams; the unfolded linear form for randomised estimators)."""
+
+    name = "packed conv2d"
+
+    def __init__(self) -> None:
+        self.conv = Conv2d(LinearLike())
+
+    def handles(self, module: nn.Module) -> bool:
+        return isinstance(module, PackedConv2d)
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        K, w = module.members, module.weight   # [K, p, C, kh, kw]
+        if ctx.estimator != "ghost" and "weight" in names:
+            A = torch.cat([F.unfold(c.args[0], module.kernel_size, module.dilation, module.padding, module.stride)
+                           .transpose(1, 2) for c in calls], dim=1)  # [K·b, L, d]
+            G = torch.cat([c.grad.flatten(2).transpose(1, 2) for c in calls], dim=1)  # [K·b, L, p]
+            return _weight_and_bias(module, A, G, names, ctx, "packed, unfolded")
+        positions = sum(c.grad[0, 0].numel() for c in calls)
+        bias = sum(c.grad.sum(dim=(2, 3)) for c in calls) if "bias" in names else None  # [K·b, p]
+        ghost = "weight" in names and prefer_ghost(batch_size, positions, w[0, 0].numel(), w.shape[1], w.element_size())
+        if not ghost:
+            per_sample = {"bias": bias} if bias is not None else {}
+            if "weight" in names:
+                per_sample["weight"] = sum(self._per_row_weight(module, c) for c in calls)
+            return _materialised(per_sample, K, "materialised (grouped conv), packed")
+        sq = self.conv._ghost_sq_norms(module, calls)
+        if bias is not None:
+            sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
+
+        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+            out = {"weight": sum(self._member_weight_grad(module, call, c) for call in calls)}
+            if bias is not None:
+                out["bias"] = per_member(c, bias, K)
+            return out
+
+        return LayerGrads(sq, clipped, "ghost (unfolded grams), packed", _nbytes(bias) + sum(_nbytes(c.grad) for c in calls))
+
+    def _per_row_weight(self, module: PackedConv2d, call: Call) -> torch.Tensor:
+        """[K·b, p, C, kh, kw]: each row's weight gradient, the rows folded into groups."""
+        x, g, w = call.args[0], call.grad, module.weight
+        rows = x.shape[0]
+        folded = self.conv._weight_grad(module, x.reshape(1, -1, *x.shape[2:]), g.reshape(1, -1, *g.shape[2:]),
+                                        rows, (rows * w.shape[1], *w.shape[2:]))
+        return folded.reshape(rows, *w.shape[1:])
+
+    def _member_weight_grad(self, module: PackedConv2d, call: Call, c: torch.Tensor) -> torch.Tensor:
+        """Σ_i c_ki g_ki of the weight [K, p, C, kh, kw]: the native weight gradient of the grouped
+        convolution, fed (c·G) with the members side by side in the channels."""
+        K, w = module.members, module.weight
+        x, g = call.args[0], call.grad * c.to(call.grad.dtype)[:, None, None, None]
+        b = x.shape[0] // K
+        side_x = x.reshape(K, b, *x.shape[1:]).transpose(0, 1).reshape(b, -1, *x.shape[2:])
+        side_g = g.reshape(K, b, *g.shape[1:]).transpose(0, 1).reshape(b, -1, *g.shape[2:])
+        return self.conv._weight_grad(module, side_x, side_g, K, (K * w.shape[1], *w.shape[2:])).reshape(w.shape)
+
+
+class PackedNormRule(Rule):
+    """``PackedNorm``: per-row gradients Σ_positions x̂ ⊙ G (weight) and Σ_positions G (bias)."""
+
+    name = "packed normalisation"
+
+    def handles(self, module: nn.Module) -> bool:
+        return isinstance(module, PackedNorm)
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        grads: dict[str, torch.Tensor] = {}
+        for call in calls:
+            x, G = call.args[0], call.grad
+            xhat = module.normalised(x)
+            if module.group:
+                dims = tuple(range(2, x.dim()))
+            else:
+                dims = tuple(range(1, x.dim() - len(module.normalized_shape)))
+            parts = {"weight": (xhat * G).sum(dim=dims) if dims else xhat * G, "bias": G.sum(dim=dims) if dims else G}
+            for n in names:
+                grads[n] = grads[n] + parts[n] if n in grads else parts[n]
+        return _materialised(grads, module.members, "closed form, packed")
+
+
+class PackedEmbeddingRule(Rule):
+    """``PackedEmbedding``: the embedding rule on the K·V-row table (member k's ids offset by k·V)."""
+
+    name = "packed embedding"
+
+    def handles(self, module: nn.Module) -> bool:
+        return isinstance(module, PackedEmbedding)
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        raw = torch.cat([c.args[0].reshape(batch_size, -1) for c in calls], dim=1)
+        ids = module.offset_ids(raw)
+        G = torch.cat([c.grad.reshape(batch_size, -1, module.embedding_dim) for c in calls], dim=1)
+        keep = raw != module.padding_idx if module.padding_idx is not None else torch.ones_like(raw, dtype=torch.bool)
+        table = module.weight.reshape(-1, module.embedding_dim)
+        sq, rows = embedding_sq_norms(ids, G, keep, table.shape[0])
+
+        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"weight": embedding_clipped(ids, G, keep, c, table).reshape(module.weight.shape)}
+
+        return LayerGrads(sq, clipped, "rows per example, packed", _nbytes(ids, G, rows))
+
+
+#: The packed layers' rules (``book_keeping`` tries them before the unpacked closed forms).
+PACKED_FORMS: list[Rule] = [PackedLinearRule(), PackedConv2dRule(), PackedNormRule(), PackedEmbeddingRule()]

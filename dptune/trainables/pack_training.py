@@ -1,0 +1,175 @@
+"""Packed trials: K configurations that differ only in C, η and ε (σ), trained as one batched model.
+
+Configurations of a sweep that share the data, the model, B, the seed and the number of epochs see
+the same Poisson batches (reproducible mode draws them from the seed) and start from the same
+weights. :class:`PackTrainer` trains them together: one sampler, one forward and one backward of
+the packed model per step (:mod:`.engine.packed_layers`), each member with its own weights,
+optimizer state, clip bound, σ and η (:mod:`.engine.packed_step`). Each member's trajectory is the
+one its configuration has trained alone (``Trainer``) — the same batches, initial weights and noise
+— up to floating-point rounding; its epoch metrics are computed by the same code, on an unpacked
+copy of its weights.
+
+A member whose loss stops being finite is recorded as diverged, with its message, and retired
+(it gets no more steps); so is one the caller stops (``retire``); the others go on.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import UserError
+from ..schema import TrainConfig
+from .data.splits import DatasetSplits, take
+from .engine.batching import to_device
+from .engine.optimizers import make_optimizer
+from .engine.packed_layers import load_member, pack_models, packing_problems
+from .engine.packed_step import PackedDPEngine, PackedOptimizer
+from .training import Trainer, divergence, epoch_epsilons, norm_metrics, plan_privacy
+
+#: What may differ between the members of a pack; every other option is shared.
+MEMBER_OPTIONS = ("clip_bound", "learning_rate", "epsilon", "noise_multiplier")
+
+#: Called after every epoch with (member index, its metrics, its history).
+MemberReport = Callable[[int, dict, list], None]
+
+
+def pack_key(cfg: TrainConfig) -> tuple:
+    """What members of one pack share: every option but ``MEMBER_OPTIONS``."""
+    return tuple(sorted((k, repr(v)) for k, v in cfg.to_dict().items() if k not in MEMBER_OPTIONS))
+
+
+def pack_refusal(cfg: TrainConfig) -> str | None:
+    """Why a configuration cannot be trained in a pack (its options), or None."""
+    if not cfg.private:
+        return "a non-private baseline has no per-example clipping to pack"
+    for name in ("denoise", "score_noise", "diagnostics"):
+        if getattr(cfg, name):
+            return f"{name} is not supported in a pack"
+    return None
+
+
+class PackTrainer:
+    """State and loop of a pack of configurations (see the module docstring)."""
+
+    def __init__(self, cfgs: list[TrainConfig], data: DatasetSplits | None = None) -> None:
+        if not cfgs:
+            raise UserError("a pack needs at least one configuration")
+        self.cfgs = [cfg.validate() for cfg in cfgs]
+        for cfg in self.cfgs:
+            why = pack_refusal(cfg)
+            if why is not None:
+                raise UserError(f"cannot pack this configuration: {why}; set trial.pack: off")
+        differing = sorted({k for cfg in self.cfgs[1:] for k, v in cfg.to_dict().items()
+                            if k not in MEMBER_OPTIONS and v != self.cfgs[0].to_dict()[k]})
+        if differing:
+            raise UserError(f"the members of a pack may differ only in {', '.join(MEMBER_OPTIONS)}; "
+                            f"these differ too: {', '.join(differing)}")
+        # the first member's trainer: the data, the streams, the initial weights every member starts
+        # from, the sampler, the task; its model then serves as the unpacked copy each member is evaluated on
+        self.lead = Trainer(self.cfgs[0], data)
+        problems = packing_problems(self.lead.model)
+        if problems:
+            raise UserError(f"model {self.cfgs[0].model!r} cannot be packed: no packed form for "
+                            f"{', '.join(problems)}; set trial.pack: off")
+        self.members = len(self.cfgs)
+        self.plans = [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs]
+        self.model = pack_models([self.lead.model] * self.members)
+        lead = self.lead.cfg
+        self.engine = PackedDPEngine(
+            self.model, self.lead.task.loss, members=self.members, clip_bounds=[c.clip_bound for c in self.cfgs],
+            noise_multipliers=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
+            norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
+            max_physical_batch_size=lead.max_physical_batch_size, noise=self.lead.streams["noise"],
+            shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"])
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = PackedOptimizer(
+            make_optimizer(lead.optimizer, params, lr=1.0, momentum=lead.momentum, weight_decay=lead.weight_decay),
+            [c.learning_rate for c in self.cfgs], self.engine.active)
+        self.epsilons = [epoch_epsilons(cfg, plan) for cfg, plan in zip(self.cfgs, self.plans)]
+        self.histories: list[list[dict]] = [[] for _ in self.cfgs]
+        self.errors: list[str | None] = [None] * self.members
+        self.step = 0
+        self.epoch = 0
+        self.train_time_s = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.lead.plan.steps or not bool(self.engine.active.any())
+
+    def retire(self, k: int, why: str | None = None) -> None:
+        """Member ``k`` trains no more (``why``: its error, if it failed)."""
+        self.engine.retire(k)
+        if why is not None:
+            self.errors[k] = why
+
+    def train_step(self) -> dict:
+        """One optimizer step of every active member on one Poisson batch."""
+        lead = self.lead
+        idx = lead.sampler.sample()
+        x, y = take(lead.data.train, idx)
+        x, y = to_device(x, lead.device), y.to(lead.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = self.engine.private_gradient(x, y)
+        self.optimizer.step()
+        self.step += 1
+        return {"norms": stats["norms"].cpu(), "groups": lead.task.groups(y.cpu())}
+
+    def run_epoch(self, progress: tqdm | None = None) -> list[dict | None]:
+        """Train to the next epoch boundary; each active member's metrics (None for a retired one)."""
+        self.epoch += 1
+        start = time.perf_counter()
+        norms, labels = [], []
+        while self.step < self.lead.epoch_ends[self.epoch - 1]:
+            result = self.train_step()
+            norms.append(result["norms"])
+            labels.append(result["groups"])
+            if progress is not None:
+                progress.update(1)
+        self.train_time_s += time.perf_counter() - start
+        all_norms = torch.cat(norms, dim=1) if norms else torch.zeros(self.members, 0)
+        all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
+        self.lead.step, self.lead.epoch = self.step, self.epoch   # what the lead's evaluation reads
+        out: list[dict | None] = []
+        for k, cfg in enumerate(self.cfgs):
+            if not bool(self.engine.active[k]):
+                out.append(None)
+                continue
+            load_member(self.model, self.lead.model, k)
+            metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s,
+                       "pack_members": self.members, **self.lead.evaluation(),
+                       "epsilon_spent": self.epsilons[k][self.epoch - 1],
+                       **norm_metrics(all_norms[k], all_labels, cfg.clip_bound)}
+            out.append(metrics)
+        return out
+
+    def fit(self, report: MemberReport | None = None, progress: tqdm | None = None) -> list[list[dict]]:
+        """Train every member to step T (or until it is retired), calling ``report(k, metrics,
+        history)`` after each epoch of each active member; a member whose loss stops being finite
+        is recorded as diverged (``errors[k]``) and retired. Returns the members' histories."""
+        while not self.done:
+            for k, metrics in enumerate(self.run_epoch(progress)):
+                if metrics is None:
+                    continue
+                self.histories[k].append(metrics)
+                if report is not None:
+                    report(k, metrics, self.histories[k])
+                why = divergence(metrics)
+                if why is not None:
+                    self.retire(k, why)
+                    with torch.no_grad():   # finite weights: its rows cost nothing odd from now on
+                        for p in self.model.parameters():
+                            if p.requires_grad:
+                                p[k].zero_()
+        return self.histories
+
+
+def train_pack(cfgs: list[TrainConfig], *, progress: bool = True, data: DatasetSplits | None = None) -> PackTrainer:
+    """Train a pack without Ray, with a progress bar; returns the trainer (its ``histories`` and ``errors``)."""
+    trainer = PackTrainer(cfgs, data)
+    with tqdm(total=trainer.lead.plan.steps, disable=not progress, unit="step",
+              desc=f"training a pack of {trainer.members}") as bar:
+        trainer.fit(progress=bar)
+    return trainer

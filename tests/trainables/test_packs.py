@@ -1,0 +1,188 @@
+"""Packed trials: every member of a pack equals its configuration trained alone.
+
+References are independent of the pack: the unpacked DPEngine on each member's own model (whose
+own rules are checked against a per-example loop in test_book_keeping.py), and the unpacked
+Trainer of each configuration.
+"""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from dptune.errors import UserError
+from dptune.schema import TrainConfig
+from dptune.trainables import DPEngine
+from dptune.trainables.engine.packed_layers import pack_models
+from dptune.trainables.engine.packed_step import PackedDPEngine
+from dptune.trainables.engine.randomness import SeededStream
+from dptune.trainables.models.catalog import create_model
+from dptune.trainables.pack_training import PackTrainer
+from dptune.trainables.training import Trainer
+
+from test_book_keeping import LOSS, SEQ, TEXT_SMALL, padded_text
+
+CPU = torch.device("cpu")
+
+
+class NormMLP(nn.Module):
+    """Linear layers with a LayerNorm and a GroupNorm between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(12, 8)
+        self.norm = nn.LayerNorm(8)
+        self.group = nn.GroupNorm(2, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.norm(self.fc1(x)))
+        return self.fc2(torch.tanh(self.group(h)))
+
+
+class Bag(nn.Module):
+    """An embedding (with a padding row) and one linear layer called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 6, padding_idx=0)
+        self.fc = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.fc(torch.tanh(self.fc(self.emb(ids)))).mean(dim=1))
+
+
+def case(name: str, seed: int):
+    """(model, inputs, targets) in float64; LoRA's B factors given values (zero at init)."""
+    torch.manual_seed(seed)
+    y = torch.tensor([0, 1, 2, 1, 0, 2])
+    if name == "cnn":
+        return create_model("cnn", num_classes=3, input_shape=(1, 8, 8), width=4).double(), \
+            torch.randn(6, 1, 8, 8, dtype=torch.float64), y
+    if name == "norm_mlp":
+        return NormMLP().double(), torch.randn(6, 12, dtype=torch.float64), y
+    if name == "bag":
+        ids = torch.randint(0, 20, (6, 5))
+        ids[1, 3:] = 0
+        return Bag().double(), ids, y
+    model = create_model("all-MiniLM-L6-v2", num_classes=3, input_shape=(SEQ,), peft="lora", weights="random",
+                         **TEXT_SMALL["all-MiniLM-L6-v2"]).double()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    return model, padded_text(6, seed=seed), y
+
+
+SETTINGS = [(0.05, 1.0), (0.3, 0.5), (5.0, 2.0)]   # (C, σ) per member: mostly clipped … never clipped
+
+
+@pytest.mark.parametrize("estimator", ["exact", "hutchinson"])
+@pytest.mark.parametrize("name", ["cnn", "norm_mlp", "bag", "minilm_lora"])
+def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
+    """Members with different weights, C and σ: per-sample norms and ĝ_k (same noise and probe
+    streams) equal those of DPEngine on each member's own model, over two steps."""
+    models = [case(name, seed=k)[0] for k in range(len(SETTINGS))]
+    with torch.no_grad():   # the members of a pack share what is frozen (a pretrained backbone)
+        for model in models[1:]:
+            for p, q in zip(model.parameters(), models[0].parameters()):
+                if not p.requires_grad:
+                    p.copy_(q)
+    x, y = case(name, seed=0)[1:]
+    sketch = 4 if estimator == "hutchinson" else None
+    packed = pack_models(models)
+    engine = PackedDPEngine(packed, LOSS, members=len(models), clip_bounds=[c for c, _ in SETTINGS],
+                            noise_multipliers=[s for _, s in SETTINGS], expected_batch_size=4.0,
+                            norm_estimator=estimator, sketch_k=sketch, noise=SeededStream(7, "noise", CPU),
+                            probes=SeededStream(7, "probes", CPU), max_physical_batch_size=len(models) * 4)
+    alone = [DPEngine(m, LOSS, clip_bound=c, noise_multiplier=s, expected_batch_size=4.0, norm_estimator=estimator,
+                      sketch_k=sketch, generator=SeededStream(7, "noise", CPU), probes=SeededStream(7, "probes", CPU))
+             for m, (c, s) in zip(models, SETTINGS)]
+    for _ in range(2):
+        stats = engine.private_gradient(x, y)
+        for k, (model, single) in enumerate(zip(models, alone)):
+            reference = single.private_gradient(x, y)
+            torch.testing.assert_close(stats["norms"][k], reference["norms"], rtol=1e-9, atol=1e-12)
+            assert float(stats["clipped_fraction"][k]) == pytest.approx(reference["clipped_fraction"])
+            for (n, p), (_, q) in zip(packed.named_parameters(), model.named_parameters()):
+                if q.requires_grad:
+                    torch.testing.assert_close(p.grad[k], q.grad, rtol=1e-9, atol=1e-12, msg=f"member {k}: {n}")
+    assert 0 < float(stats["clipped_fraction"][0]) and float(stats["clipped_fraction"][2]) == 0.0
+
+
+def digits(**options) -> TrainConfig:
+    """An MLP: the trajectories are compared in float32, where a max-pool's argmax tie (tanh
+    saturated at exactly 1) can route one gradient differently after a rounding-level difference;
+    the packed convolution is checked above, in float64."""
+    return TrainConfig(dataset="digits", model="mlp", epochs=2, batch_size=64, seed=3, device="cpu",
+                       model_options={"hidden": 32}, **options)
+
+
+MEMBERS = [dict(clip_bound=0.3, learning_rate=0.2, epsilon=1.0), dict(clip_bound=1.0, learning_rate=0.1, epsilon=8.0),
+           dict(clip_bound=3.0, learning_rate=0.4, epsilon=4.0)]
+
+
+def final_weights(model: nn.Module, k: int | None = None) -> dict[str, torch.Tensor]:
+    return {n: (p[k] if k is not None else p).detach() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("options", [dict(optimizer="sgd", momentum=0.9, weight_decay=1e-3),
+                                     dict(optimizer="adam")],
+                         ids=["sgd-momentum", "adam"])
+def test_a_pack_trains_each_member_as_its_configuration_alone(options):
+    """Two epochs of three configurations (C, η, ε differ) in one pack: each member's weights,
+    test metrics, ε spent and clipped fraction equal those of its configuration's own Trainer."""
+    if options["optimizer"] == "adam":
+        members = [{**m, "learning_rate": m["learning_rate"] / 50} for m in MEMBERS]
+    else:
+        members = MEMBERS
+    cfgs = [digits(**options, **m) for m in members]
+    pack = PackTrainer(cfgs)
+    histories = pack.fit()
+    for k, cfg in enumerate(cfgs):
+        trainer = Trainer(cfg)
+        alone = trainer.fit()
+        for n, w in final_weights(trainer.model).items():
+            torch.testing.assert_close(final_weights(pack.model, k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+        assert len(histories[k]) == len(alone) == 2
+        for mine, theirs in zip(histories[k], alone):
+            assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=1 / 360)
+            assert mine["test_loss"] == pytest.approx(theirs["test_loss"], rel=1e-4)
+            assert mine["epsilon_spent"] == theirs["epsilon_spent"]
+            assert mine["clipped_fraction"] == pytest.approx(theirs["clipped_fraction"], abs=2e-3)
+            assert mine["pack_members"] == 3
+
+
+def test_a_diverging_member_is_recorded_and_retired_while_the_others_finish():
+    cfgs = [digits(**MEMBERS[0]), digits(clip_bound=1.0, learning_rate=1e38, epsilon=8.0), digits(**MEMBERS[2])]
+    pack = PackTrainer(cfgs)
+    histories = pack.fit()
+    assert pack.errors[0] is None and pack.errors[2] is None
+    assert "became" in pack.errors[1]
+    assert len(histories[1]) == 1 and len(histories[0]) == len(histories[2]) == 2
+    alone = Trainer(cfgs[2])
+    alone.fit()
+    for n, w in final_weights(alone.model).items():
+        torch.testing.assert_close(final_weights(pack.model, 2)[n], w, rtol=1e-4, atol=1e-5)
+
+
+def test_members_share_noise_when_reproducible_and_draw_their_own_when_secure():
+    """Two identical configurations: one trajectory in reproducible mode (the seed's noise, as
+    each would draw alone); two in secure mode (each member its own secret noise)."""
+    for randomness, same in (("reproducible", True), ("secure", False)):
+        cfg = digits(randomness=randomness, **MEMBERS[1])
+        pack = PackTrainer([cfg, cfg])
+        pack.train_step()
+        differs = [bool((p[0] != p[1]).any()) for p in pack.model.parameters()]
+        assert not any(differs) if same else all(differs)
+
+
+def test_what_cannot_be_packed_is_refused_by_name():
+    with pytest.raises(UserError, match="batch_size"):
+        PackTrainer([digits(**MEMBERS[0]), TrainConfig(**{**digits(**MEMBERS[1]).to_dict(), 'batch_size': 32})])
+    with pytest.raises(UserError, match="non-private"):
+        PackTrainer([digits(clip_bound=1.0, learning_rate=0.1, epsilon=float("inf"))])
+    lstm = nn.Sequential(nn.LSTM(4, 4))
+    with pytest.raises(UserError, match=r"0 \(LSTM\)"):
+        pack_models([lstm, copy.deepcopy(lstm)])
