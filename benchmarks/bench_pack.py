@@ -17,8 +17,14 @@ The figure is configuration-steps per second: K / (time of one step of all K). "
 plain step of one model, for scale. Methods run interleaved round after round; each figure is the
 median over rounds.
 
+``--cell``: whole trainings instead of steps — the nine (C, η) configurations of one cell of the
+default sweep (digits, cnn, B, ε, E; one seed) trained apart by ``Trainer`` and together by
+``PackTrainer``, in the same process (data loaded once, no Ray): configurations × epochs per second,
+and each configuration's final test accuracy both ways.
+
 Run: python benchmarks/bench_pack.py [--cases cnn wrn16_4 vit_tiny_film] [--members 1 4 16]
                                      [--device cuda] [--processes] [--rounds 5] [--steps 5]
+     python benchmarks/bench_pack.py --cell [--batch 32] [--epochs 1] [--epsilon 8]
 """
 from __future__ import annotations
 
@@ -131,6 +137,32 @@ def fractional(case: str, device: str, members: int, steps: int) -> float:
     return elapsed / steps
 
 
+def cell(batch: int, epochs: float, epsilon: float, device: str, rounds: int) -> None:
+    """The default sweep's cell trained apart and as one pack (see the module docstring)."""
+    from dptune.schema import TrainConfig
+    from dptune.trainables.pack_training import PackTrainer
+    from dptune.trainables.training import Trainer
+
+    eta = [2.0 * (batch / 128) ** 0.5 * m for m in (0.125, 0.5, 2)]
+    cfgs = [TrainConfig(dataset="digits", model="cnn", batch_size=batch, epochs=epochs, epsilon=epsilon, seed=0,
+                        clip_bound=c, learning_rate=lr, device=device) for c in (0.3, 1, 3) for lr in eta]
+    Trainer(cfgs[0]).fit()   # load the data once, for both
+    times: dict[str, list[float]] = {"apart": [], "pack": []}
+    for _ in range(rounds):
+        start = time.perf_counter()
+        apart = [Trainer(cfg).fit()[-1]["test_accuracy"] for cfg in cfgs]
+        times["apart"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        packed = [h[-1]["test_accuracy"] for h in PackTrainer(cfgs).fit()]
+        times["pack"].append(time.perf_counter() - start)
+    rate = {m: len(cfgs) * epochs / statistics.median(t) for m, t in times.items()}
+    best = max(range(len(cfgs)), key=lambda k: apart[k])
+    print(f"| B={batch}, E={epochs:g}, ε={epsilon:g} | {len(cfgs)} | {rate['apart']:.2f} | {rate['pack']:.2f} | "
+          f"{rate['pack'] / rate['apart']:.2f} | {max(abs(a - b) for a, b in zip(apart, packed)):.4f} | "
+          f"C={cfgs[best].clip_bound:g}, η={cfgs[best].learning_rate:.3g}: {apart[best]:.3f} / {packed[best]:.3f} |",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
@@ -140,8 +172,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="steps timed per round and method")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cell", action="store_true", help="whole trainings of a default-sweep cell instead")
+    parser.add_argument("--batch", type=int, nargs="+", default=[32, 128, 512], help="--cell: batch sizes")
+    parser.add_argument("--epochs", type=float, nargs="+", default=[1, 16], help="--cell: epochs")
+    parser.add_argument("--epsilon", type=float, default=8.0, help="--cell: ε")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.cell:
+        print(f"device {args.device}, {args.threads} thread(s), median of {args.rounds} rounds\n")
+        print("| cell | configurations | apart (config·epochs/s) | pack | pack / apart | largest accuracy difference "
+              "| best configuration: accuracy apart / packed |")
+        print("|---|---|---|---|---|---|---|")
+        for epochs in args.epochs:
+            for batch in args.batch:
+                cell(batch, epochs, args.epsilon, args.device, args.rounds)
+        return
     print(f"device {args.device}, torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds × "
           f"{args.steps} steps; configuration-steps per second (median over rounds)\n")
     print("| case | K | non-private (1 model) | separate | fractional | pack | pack / separate | pack / fractional |")

@@ -145,10 +145,14 @@ class PackTrainer:
             out.append(metrics)
         return out
 
-    def fit(self, report: MemberReport | None = None, progress: tqdm | None = None) -> list[list[dict]]:
+    def fit(self, report: MemberReport | None = None, progress: tqdm | None = None, *,
+            state: dict | None = None) -> list[list[dict]]:
         """Train every member to step T (or until it is retired), calling ``report(k, metrics,
         history)`` after each epoch of each active member; a member whose loss stops being finite
-        is recorded as diverged (``errors[k]``) and retired. Returns the members' histories."""
+        is recorded as diverged (``errors[k]``) and retired. ``state`` (a :meth:`state_dict`)
+        resumes a pack where it was saved. Returns the members' histories."""
+        if state is not None:
+            self.load_state_dict(state)
         while not self.done:
             for k, metrics in enumerate(self.run_epoch(progress)):
                 if metrics is None:
@@ -164,6 +168,31 @@ class PackTrainer:
                             if p.requires_grad:
                                 p[k].zero_()
         return self.histories
+
+    def state_dict(self) -> dict:
+        """Everything a resumed pack needs: the members' trainable weights and optimizer states, the
+        streams' states (none of a secure run's), counters, which members are retired and why, and
+        the histories."""
+        lead = self.lead
+        return {"model": {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad},
+                "optimizer": self.optimizer.state_dict(),
+                "streams": {name: s.state() for name, s in lead.streams.items()},
+                "torch_rng": torch.get_rng_state(), "step": self.step, "epoch": self.epoch,
+                "train_time_s": self.train_time_s, "active": self.engine.active.tolist(), "errors": list(self.errors),
+                "histories": [list(h) for h in self.histories], "configs": [cfg.to_dict() for cfg in self.cfgs]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["configs"] != [cfg.to_dict() for cfg in self.cfgs]:
+            raise UserError("this checkpoint holds another pack (its members' configurations differ)")
+        self.model.load_state_dict(state["model"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        for name, saved in state["streams"].items():   # a secure run continues with fresh secret streams
+            self.lead.streams[name].load(saved)
+        torch.set_rng_state(state["torch_rng"])
+        self.engine.active.copy_(torch.tensor(state["active"]))
+        self.step, self.epoch, self.train_time_s = state["step"], state["epoch"], state["train_time_s"]
+        self.errors = list(state["errors"])
+        self.histories = [list(h) for h in state["histories"]]
 
 
 def train_pack(cfgs: list[TrainConfig], *, progress: bool = True, data: DatasetSplits | None = None) -> PackTrainer:

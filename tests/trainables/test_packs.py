@@ -5,6 +5,7 @@ own rules are checked against a per-example loop in test_book_keeping.py), and t
 Trainer of each configuration.
 """
 import copy
+import io
 
 import pytest
 import torch
@@ -186,3 +187,38 @@ def test_what_cannot_be_packed_is_refused_by_name():
     lstm = nn.Sequential(nn.LSTM(4, 4))
     with pytest.raises(UserError, match=r"0 \(LSTM\)"):
         pack_models([lstm, copy.deepcopy(lstm)])
+
+
+def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_one_does():
+    """Killed once its first epoch is reported (one member already retired) and resumed in a new
+    trainer from the state saved then: every member's weights and history equal the uninterrupted
+    pack's, and each epoch of each member is in its history once."""
+    cfgs = [digits(**m, optimizer="sgd", momentum=0.5) for m in MEMBERS]
+    whole = PackTrainer(cfgs)
+    whole.retire(1, "stopped by the scheduler")
+    whole.fit()
+
+    class Killed(Exception):
+        pass
+
+    saved = io.BytesIO()
+    first = PackTrainer(cfgs)
+    first.retire(1, "stopped by the scheduler")
+
+    def report(k: int, metrics: dict, history: list) -> None:
+        if k == 2:   # the last member's report of the epoch: its checkpoint, then the kill
+            torch.save(first.state_dict(), saved)
+            raise Killed
+
+    with pytest.raises(Killed):
+        first.fit(report)
+    saved.seek(0)
+    resumed = PackTrainer(cfgs)
+    resumed.fit(state=torch.load(saved, weights_only=False))
+    assert resumed.errors == whole.errors == [None, "stopped by the scheduler", None]
+    for k in range(len(cfgs)):
+        for n, w in final_weights(whole.model, k).items():
+            assert torch.equal(final_weights(resumed.model, k)[n], w), (k, n)
+    assert [[m["epoch"] for m in h] for h in resumed.histories] == [[1, 2], [], [1, 2]]
+    assert [[m["test_accuracy"] for m in h] for h in resumed.histories] == \
+        [[m["test_accuracy"] for m in h] for h in whole.histories]

@@ -43,7 +43,7 @@ def repeat_rows(inputs: Inputs, members: int) -> Inputs:
 
 def _members_shape(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A [K] vector shaped to broadcast over [K, *shape]."""
-    return value.reshape(-1, *(1,) * (like.dim() - 1)).to(like.dtype)
+    return value.reshape(-1, *(1,) * (like.dim() - 1)).to(device=like.device, dtype=like.dtype)
 
 
 class PackedDPEngine:
@@ -92,15 +92,15 @@ class PackedDPEngine:
         """Set ``.grad`` of every packed parameter to the members' ĝ_k for one logical batch (b rows,
         seen by every member). Returns ``norms`` [K, b] and ``clipped_fraction`` [K] (NOT private)."""
         sums, norms = self.clipped_sum(inputs, targets)
-        scale = 1.0 / (self.expected_batch_size * self.clip_bounds)   # 1/(B C_k)
-        std = self.noise_multipliers * self.clip_bounds                 # σ_k C_k
-        keep = self.active.to(torch.float64)
+        device = norms.device   # the members' vectors moved once per step, not once per parameter
+        scale = (self.active / (self.expected_batch_size * self.clip_bounds)).to(device)   # 1/(B C_k), 0 if retired
+        std = (self.noise_multipliers * self.clip_bounds).to(device)                       # σ_k C_k
         for name, p in self.params.items():
             s = sums[name]
             noisy = s + _members_shape(std, s) * self.standard_normal(s)
-            p.grad = (noisy * _members_shape(scale * keep, s)).to(p.dtype)
+            p.grad = (noisy * _members_shape(scale, s)).to(p.dtype)
         finite = torch.isfinite(norms)
-        over = (norms > self.clip_bounds.to(norms.dtype)[:, None]) & finite
+        over = (norms > self.clip_bounds.to(device=norms.device, dtype=norms.dtype)[:, None]) & finite
         counted = finite.sum(dim=1).clamp_min(1)
         return {"norms": norms, "batch_size": int(norms.shape[1]),
                 "nonfinite": (~finite).sum(dim=1), "clipped_fraction": over.sum(dim=1) / counted}
@@ -175,9 +175,10 @@ class PackedOptimizer:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         before = [p.detach().clone() for p in params]
         self.optimizer.step()
+        rates = (self.learning_rates * self.active).to(params[0].device)
         for p, old in zip(params, before):
-            rate = _members_shape(self.learning_rates * self.active.to(torch.float64), p)
-            p.copy_(old + rate.to(p.device) * (p - old))
+            rate = _members_shape(rates, p)
+            p.copy_(old + rate * (p - old))
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
