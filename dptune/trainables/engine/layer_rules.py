@@ -211,13 +211,7 @@ class LinearLike(Rule):
         pairs = [self._inputs_and_grads(module, c) for c in calls]
         A = pairs[0][0] if len(pairs) == 1 else torch.cat([a for a, _ in pairs], dim=1)  # [b, T, d]
         G = pairs[0][1] if len(pairs) == 1 else torch.cat([g for _, g in pairs], dim=1)  # [b, T, p]
-        weight = linear_weight_grads(A, G, ctx, module) if "weight" in names else None
-        bias = G.sum(dim=1) if "bias" in names else None  # [b, p] per-sample bias gradients
-        sq = torch.zeros(A.shape[0], device=G.device, dtype=_compute_dtype(G))
-        if weight is not None:
-            sq = sq + weight.sq
-        if bias is not None:
-            sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
+        weight, bias, sq = weight_and_bias(A, G, names, ctx, module)
 
         def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
             out = {}
@@ -256,6 +250,21 @@ class WeightGrads:
         if d <= p:  # scale the narrower side by c, then one product over all (i, t)
             return (A * c.to(A.dtype)[:, None, None]).reshape(-1, d).t() @ G.reshape(-1, p)
         return A.reshape(-1, d).t() @ (G * c.to(G.dtype)[:, None, None]).reshape(-1, p)
+
+
+def weight_and_bias(A: torch.Tensor, G: torch.Tensor, names: Sequence[str], ctx: NormContext,
+                    module: nn.Module) -> tuple["WeightGrads | None", torch.Tensor | None, torch.Tensor]:
+    """A linear-like layer's per-sample view from A [b, T, d] and G [b, T, p]: its weight's
+    (``linear_weight_grads``, if "weight" is in ``names``), its bias's per-sample gradients [b, p]
+    (if "bias" is), and their squared norms summed [b]."""
+    weight = linear_weight_grads(A, G, ctx, module) if "weight" in names else None
+    bias = G.sum(dim=1) if "bias" in names else None  # [b, p] per-sample bias gradients
+    sq = torch.zeros(A.shape[0], device=G.device, dtype=_compute_dtype(G))
+    if weight is not None:
+        sq = sq + weight.sq
+    if bias is not None:
+        sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
+    return weight, bias, sq
 
 
 def linear_weight_grads(A: torch.Tensor, G: torch.Tensor, ctx: NormContext, module: nn.Module,

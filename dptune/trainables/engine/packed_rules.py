@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layer_rules import (Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, _compute_dtype, _nbytes,
-                          embedding_clipped, embedding_sq_norms, linear_weight_grads, prefer_ghost)
+                          embedding_clipped, embedding_sq_norms, prefer_ghost, weight_and_bias)
 from .packed_layers import PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, _by_member
 
 
@@ -35,19 +35,13 @@ def _materialised(per_sample: dict[str, torch.Tensor], members: int, form: str, 
     return LayerGrads(sq, clipped, form, kept + _nbytes(*per_sample.values()))
 
 
-def _weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor, names: Sequence[str], ctx: NormContext,
+def _packed_weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor, names: Sequence[str], ctx: NormContext,
                      form: str) -> LayerGrads:
     """A weight applied as a ↦ Wa per member, from A [K·b, T, d] and G [K·b, T, p], and a bias
     added at every position: the clipped weight sum per member is [K, d, p]."""
     K = module.members
     d, p = A.shape[2], G.shape[2]
-    weight = linear_weight_grads(A, G, ctx, module) if "weight" in names else None
-    bias = G.sum(dim=1) if "bias" in names else None  # [K·b, p]
-    sq = torch.zeros(A.shape[0], device=G.device, dtype=_compute_dtype(G))
-    if weight is not None:
-        sq = sq + weight.sq
-    if bias is not None:
-        sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
+    weight, bias, sq = weight_and_bias(A, G, names, ctx, module)   # per row: [K·b]
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         out = {}
@@ -77,7 +71,7 @@ class PackedLinearRule(Rule):
     def per_sample(self, module, calls, names, ctx, batch_size):
         A = torch.cat([c.args[0].reshape(batch_size, -1, module.in_features) for c in calls], dim=1)
         G = torch.cat([c.grad.reshape(batch_size, -1, module.out_features) for c in calls], dim=1)
-        return _weight_and_bias(module, A, G, names, ctx, "packed")
+        return _packed_weight_and_bias(module, A, G, names, ctx, "packed")
 
 
 class PackedConv2dRule(Rule):
@@ -98,7 +92,7 @@ class PackedConv2dRule(Rule):
             A = torch.cat([F.unfold(c.args[0], module.kernel_size, module.dilation, module.padding, module.stride)
                            .transpose(1, 2) for c in calls], dim=1)  # [K·b, L, d]
             G = torch.cat([c.grad.flatten(2).transpose(1, 2) for c in calls], dim=1)  # [K·b, L, p]
-            return _weight_and_bias(module, A, G, names, ctx, "packed, unfolded")
+            return _packed_weight_and_bias(module, A, G, names, ctx, "packed, unfolded")
         positions = sum(c.grad[0, 0].numel() for c in calls)
         bias = sum(c.grad.sum(dim=(2, 3)) for c in calls) if "bias" in names else None  # [K·b, p]
         ghost = "weight" in names and prefer_ghost(batch_size, positions, w[0, 0].numel(), w.shape[1], w.element_size())
