@@ -355,3 +355,14 @@ def test_no_example_counts_for_more_than_its_norm_whatever_branch_it_takes(budge
     assert contribution <= C * (1 + 1e-9)
     assert norms[2] > C   # it was clipped: its contribution is exactly C by what its norm measured
     assert contribution == pytest.approx(C, rel=1e-9)
+
+
+@pytest.mark.parametrize("kernel, dilation, padding, stride", [((3, 3), (1, 1), (1, 1), (1, 1)),
+                                                              ((3, 2), (2, 1), (2, 0), (2, 3)),
+                                                              ((1, 1), (1, 1), (0, 0), (2, 2))])
+def test_unfolded_patches_are_torch_unfold(kernel, dilation, padding, stride):
+    from dptune.trainables.engine.layer_rules import unfold_patches
+
+    conv = nn.Conv2d(3, 4, kernel, stride=stride, padding=padding, dilation=dilation)
+    x = torch.randn(5, 3, 9, 11, dtype=torch.float64)
+    assert torch.equal(unfold_patches(x, conv), torch.nn.functional.unfold(x, kernel, dilation, padding, stride))

@@ -119,6 +119,18 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
+def unfold_patches(x: torch.Tensor, conv: nn.Module) -> torch.Tensor:
+    """``F.unfold`` of a convolution's input [b, C, H, W] → [b, C·kh·kw, L], as one strided view and
+    one copy: on CUDA ``F.unfold`` launches one kernel per example (thousands per step for a
+    WideResNet's per-sample norms); the same values, also faster on a CPU."""
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = conv.kernel_size, conv.dilation, conv.padding, conv.stride
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph))
+    patches = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]
+    b, C, oh, ow = patches.shape[:4]   # [b, C, oh, ow, kh, kw]
+    return patches.permute(0, 1, 4, 5, 2, 3).reshape(b, C * kh * kw, oh * ow)
+
+
 def _nbytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
@@ -197,7 +209,7 @@ class LinearLike(Rule):
         """(A [b, T, d], G [b, T, p]) of one call."""
         x, g = call.args[0], call.grad
         if isinstance(module, nn.Conv2d):
-            A = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)  # [b, d, L]
+            A = unfold_patches(x, module)  # [b, d, L]
             return A.transpose(1, 2), g.flatten(2).transpose(1, 2)  # [b, L, d], [b, L, p]
         return x.reshape(x.shape[0], -1, x.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
 
@@ -331,7 +343,7 @@ class Conv2d(Rule):
 
     def _ghost_sq_norms(self, module: nn.Module, calls: Sequence[Call]) -> torch.Tensor:
         """‖Σ_calls A_iᵀG_i‖² as ⟨AᵀA, GᵀG⟩ over the positions of all calls [b]."""
-        A = torch.cat([F.unfold(c.args[0], module.kernel_size, module.dilation, module.padding, module.stride)
+        A = torch.cat([unfold_patches(c.args[0], module)
                        for c in calls], dim=2)  # [b, d, L]
         G = torch.cat([c.grad.flatten(2) for c in calls], dim=2)  # [b, p, L]
         dtype = _compute_dtype(G)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .layer_rules import (Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, _compute_dtype, _nbytes,
-                          embedding_clipped, embedding_sq_norms, prefer_ghost, weight_and_bias)
+                          embedding_clipped, embedding_sq_norms, prefer_ghost, unfold_patches,
+                          weight_and_bias)
 from .packed_layers import PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, _by_member
 
 
@@ -89,8 +89,7 @@ class PackedConv2dRule(Rule):
     def per_sample(self, module, calls, names, ctx, batch_size):
         K, w = module.members, module.weight   # [K, p, C, kh, kw]
         if ctx.estimator != "ghost" and "weight" in names:
-            A = torch.cat([F.unfold(c.args[0], module.kernel_size, module.dilation, module.padding, module.stride)
-                           .transpose(1, 2) for c in calls], dim=1)  # [K·b, L, d]
+            A = torch.cat([unfold_patches(c.args[0], module).transpose(1, 2) for c in calls], dim=1)  # [K·b, L, d]
             G = torch.cat([c.grad.flatten(2).transpose(1, 2) for c in calls], dim=1)  # [K·b, L, p]
             return _packed_weight_and_bias(module, A, G, names, ctx, "packed, unfolded")
         positions = sum(c.grad[0, 0].numel() for c in calls)
