@@ -7,7 +7,9 @@ the packed model per step (:mod:`.engine.packed_layers`), each member with its o
 optimizer state, clip bound, σ and η (:mod:`.engine.packed_step`). Each member's trajectory is the
 one its configuration has trained alone (``Trainer``) — the same batches, initial weights and noise
 — up to floating-point rounding; its epoch metrics are computed by the same code, on an unpacked
-copy of its weights.
+copy of its weights. One exception: dropout masks (a model trained with dropout) are drawn for all
+K·b rows from one generator, so they are not the masks the member would have drawn alone (they
+are drawn alike, and nothing of the privacy accounting depends on them).
 
 A member whose loss stops being finite is recorded as diverged, with its message, and retired
 (it gets no more steps); so is one the caller stops (``retire``); the others go on.
