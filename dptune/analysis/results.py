@@ -33,7 +33,6 @@ CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 OPTION_COLUMNS = names(cell=True)
 #: The schema's δ unless set (a NULL delta in the store is the default).
 DEFAULT_DELTA = FIELDS["delta"].default
-DEFAULT_LABEL = "default"
 
 
 def fmt(value: object) -> str:
@@ -41,6 +40,13 @@ def fmt(value: object) -> str:
     if isinstance(value, (float, np.floating)):
         return "∞" if math.isinf(value) else f"{value:g}"
     return str(value)
+
+
+def null_label(column: str) -> str:
+    """How a cell names a training option the store holds as NULL (the trainer's default): that
+    default's value, or "none" where the default is no value (no denoiser, no sketch)."""
+    default = FIELDS[column].default
+    return "none" if default is None else fmt(default)
 
 
 def _cell_name(key: dict) -> str:
@@ -94,7 +100,7 @@ class Sweep:
             t[column] = t[column].astype(object).where(t[column].notna(), "?")
         varying = []
         for column in OPTION_COLUMNS:
-            t[column] = t[column].astype(object).where(t[column].notna(), DEFAULT_LABEL)
+            t[column] = t[column].astype(object).where(t[column].notna(), null_label(column))
             if t[column].map(fmt).nunique() > 1:
                 varying.append(column)
                 t[column] = t[column].map(fmt)
@@ -284,8 +290,8 @@ class Sweep:
     def cell_option(self, cell_name: str, column: str, default: object = None) -> object:
         """A cell's value of a training option (``default`` where the store has NULL)."""
         values = self.trials.loc[self.trials["cell_name"] == cell_name, column]
-        value = values.iloc[0] if len(values) else DEFAULT_LABEL
-        return default if value == DEFAULT_LABEL or value is None else value
+        value = values.iloc[0] if len(values) else None
+        return default if value is None or value == null_label(column) else value
 
 
 def eta_note(tuned: bool) -> str:

@@ -45,6 +45,7 @@ def test_curves_are_the_per_epoch_means_of_the_trials_that_ran_it(store):
     cells = sweep.trials.set_index("trial_id")["cell_name"]
     plain_cell, rmt_cell = cells["t0"], cells["t2"]
     assert cells["t1"] == plain_cell and rmt_cell != plain_cell
+    assert "denoise=none" in plain_cell and "denoise=rmt" in rmt_cell   # NULL named by what it means
     assert set(curves["cell_name"]) == {plain_cell, rmt_cell}   # t3 ran no diagnostic: no rows of its own
     for epoch in (1, 2):
         row = curves[(curves["cell_name"] == plain_cell) & (curves["epoch"] == epoch)].iloc[0]
