@@ -108,16 +108,18 @@ class PackTrainer:
             self.errors[k] = why
 
     def train_step(self) -> dict:
-        """One optimizer step of every active member on one Poisson batch."""
+        """One optimizer step of every active member on one Poisson batch; the members' per-sample
+        norms stay on the device (moved once per epoch: no synchronisation per step)."""
         lead = self.lead
         idx = lead.sampler.sample()
         x, y = take(lead.data.train, idx)
+        groups = lead.task.groups(y)
         x, y = to_device(x, lead.device), y.to(lead.device)
         self.optimizer.zero_grad(set_to_none=True)
         stats = self.engine.private_gradient(x, y)
         self.optimizer.step()
         self.step += 1
-        return {"norms": stats["norms"].cpu(), "groups": lead.task.groups(y.cpu())}
+        return {"norms": stats["norms"].detach(), "groups": groups}
 
     def run_epoch(self, progress: tqdm | None = None) -> list[dict | None]:
         """Train to the next epoch boundary; each active member's metrics (None for a retired one)."""
@@ -131,7 +133,7 @@ class PackTrainer:
             if progress is not None:
                 progress.update(1)
         self.train_time_s += time.perf_counter() - start
-        all_norms = torch.cat(norms, dim=1) if norms else torch.zeros(self.members, 0)
+        all_norms = torch.cat(norms, dim=1).cpu() if norms else torch.zeros(self.members, 0)
         all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
         self.lead.step, self.lead.epoch = self.step, self.epoch   # what the lead's evaluation reads
         out: list[dict | None] = []

@@ -43,7 +43,7 @@ def repeat_rows(inputs: Inputs, members: int) -> Inputs:
 
 def _members_shape(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A [K] vector shaped to broadcast over [K, *shape]."""
-    return value.reshape(-1, *(1,) * (like.dim() - 1)).to(device=like.device, dtype=like.dtype)
+    return value.reshape(-1, *(1,) * (like.dim() - 1)).to(like.dtype)
 
 
 class PackedDPEngine:
@@ -73,8 +73,10 @@ class PackedDPEngine:
         self.model = model
         self.members = members
         self.params = trainable_parameters(model)
-        self.clip_bounds = torch.tensor([float(c) for c in clip_bounds], dtype=torch.float64)
-        self.noise_multipliers = torch.tensor([float(s) for s in noise_multipliers], dtype=torch.float64)
+        # the members' vectors live on the model's device: no host-to-device copy (a synchronisation) per step
+        device = next(iter(self.params.values())).device
+        self.clip_bounds = torch.tensor([float(c) for c in clip_bounds], dtype=torch.float64, device=device)
+        self.noise_multipliers = torch.tensor([float(s) for s in noise_multipliers], dtype=torch.float64, device=device)
         self.expected_batch_size = float(expected_batch_size)
         self.clip = CLIP_FNS.get(clip_fn)
         self.max_physical_batch_size = max_physical_batch_size
@@ -82,7 +84,7 @@ class PackedDPEngine:
         self.noise_stream = noise
         self.shared_noise = shared_noise
         self.probes = probes
-        self.active = torch.ones(members, dtype=torch.bool)
+        self.active = torch.ones(members, dtype=torch.bool, device=device)
 
     def retire(self, k: int) -> None:
         """Member ``k`` stops: from now on it gets no gradient (and the optimizer leaves it as it is)."""
@@ -92,15 +94,14 @@ class PackedDPEngine:
         """Set ``.grad`` of every packed parameter to the members' ĝ_k for one logical batch (b rows,
         seen by every member). Returns ``norms`` [K, b] and ``clipped_fraction`` [K] (NOT private)."""
         sums, norms = self.clipped_sum(inputs, targets)
-        device = norms.device   # the members' vectors moved once per step, not once per parameter
-        scale = (self.active / (self.expected_batch_size * self.clip_bounds)).to(device)   # 1/(B C_k), 0 if retired
-        std = (self.noise_multipliers * self.clip_bounds).to(device)                       # σ_k C_k
+        scale = self.active / (self.expected_batch_size * self.clip_bounds)   # 1/(B C_k), 0 if retired
+        std = self.noise_multipliers * self.clip_bounds                       # σ_k C_k
         for name, p in self.params.items():
             s = sums[name]
             noisy = s + _members_shape(std, s) * self.standard_normal(s)
             p.grad = (noisy * _members_shape(scale, s)).to(p.dtype)
         finite = torch.isfinite(norms)
-        over = (norms > self.clip_bounds.to(device=norms.device, dtype=norms.dtype)[:, None]) & finite
+        over = (norms > self.clip_bounds.to(norms.dtype)[:, None]) & finite
         counted = finite.sum(dim=1).clamp_min(1)
         return {"norms": norms, "batch_size": int(norms.shape[1]),
                 "nonfinite": (~finite).sum(dim=1), "clipped_fraction": over.sum(dim=1) / counted}
@@ -128,7 +129,7 @@ class PackedDPEngine:
         if batch_len(inputs) > 0:
             for x, y in micro_batches(inputs, targets, per_pass):
                 part, norms = self._pass(x, y)
-                bad = ~torch.isfinite(norms) & self.active.to(norms.device)[:, None]
+                bad = ~torch.isfinite(norms) & self.active[:, None]
                 for k in bad.any(dim=1).nonzero(as_tuple=True)[0].tolist():   # member k, without its bad rows
                     keep = (~bad[k]).nonzero(as_tuple=True)[0]
                     redone = self._pass(select_rows(x, keep), y[keep])[0] if len(keep) else None
@@ -149,8 +150,8 @@ class PackedDPEngine:
         """c_ki = clip_fn(n_ki, C_k); 0 for a retired member's rows and for non-finite norms (those
         rows are done again without them when they matter: ``clipped_sum``)."""
         rows = norms.reshape(self.members, -1)
-        bounds = self.clip_bounds.to(device=rows.device, dtype=rows.dtype)[:, None]
-        c = self.clip(rows, bounds) * self.active.to(rows.device)[:, None]
+        bounds = self.clip_bounds.to(rows.dtype)[:, None]
+        c = self.clip(rows, bounds) * self.active[:, None]
         return torch.where(torch.isfinite(c), c, torch.zeros_like(c)).reshape(-1)
 
 
@@ -164,7 +165,8 @@ class PackedOptimizer:
             if group["lr"] != 1.0:
                 raise UserError(f"the packed optimizer steps at learning rate 1 and scales per member; got {group['lr']}")
         self.optimizer = optimizer
-        self.learning_rates = torch.tensor([float(lr) for lr in learning_rates], dtype=torch.float64)
+        device = optimizer.param_groups[0]["params"][0].device
+        self.learning_rates = torch.tensor([float(lr) for lr in learning_rates], dtype=torch.float64, device=device)
         self.active = active
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -175,7 +177,7 @@ class PackedOptimizer:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         before = [p.detach().clone() for p in params]
         self.optimizer.step()
-        rates = (self.learning_rates * self.active).to(params[0].device)
+        rates = self.learning_rates * self.active
         for p, old in zip(params, before):
             rate = _members_shape(rates, p)
             p.copy_(old + rate * (p - old))
