@@ -38,11 +38,6 @@ MEMBER_OPTIONS = ("clip_bound", "learning_rate", "epsilon", "noise_multiplier")
 MemberReport = Callable[[int, dict, list], None]
 
 
-def pack_key(cfg: TrainConfig) -> tuple:
-    """What members of one pack share: every option but ``MEMBER_OPTIONS``."""
-    return tuple(sorted((k, repr(v)) for k, v in cfg.to_dict().items() if k not in MEMBER_OPTIONS))
-
-
 def pack_refusal(cfg: TrainConfig) -> str | None:
     """Why a configuration cannot be trained in a pack (its options), or None."""
     if not cfg.private:
