@@ -143,7 +143,7 @@ class PackedDPEngine:
 
     def _pass(self, x: Inputs, y: torch.Tensor) -> tuple[Sums, torch.Tensor]:
         """One packed forward and backward of a micro-batch: (sums [K, ...], norms [K, b])."""
-        part, norms = self.norms.clipped_sum(repeat_rows(x, self.members), y.repeat(self.members), self._factors)
+        part, norms = self.norms.clipped_sum(repeat_rows(x, self.members), repeat_rows(y, self.members), self._factors)
         return part, norms.reshape(self.members, -1)
 
     def _factors(self, norms: torch.Tensor) -> torch.Tensor:
