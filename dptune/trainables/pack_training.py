@@ -72,7 +72,7 @@ class PackTrainer:
             raise UserError(f"model {self.cfgs[0].model!r} cannot be packed: no packed form for "
                             f"{', '.join(problems)}; set trial.pack: off")
         self.members = len(self.cfgs)
-        self.plans = [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs]
+        self.plans = [self.lead.plan] + [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs[1:]]   # σ once each
         self.model = pack_models([self.lead.model] * self.members)
         lead = self.lead.cfg
         self.engine = PackedDPEngine(

@@ -121,7 +121,7 @@ class PackedDPEngine:
         """(Σ_i c_ki g_ki per packed parameter [K, *shape], per-sample norms [K, b])."""
         K = self.members
         dtypes = {n: torch.promote_types(p.dtype, torch.float32) for n, p in self.params.items()}
-        sums: Sums = {n: torch.zeros_like(p, dtype=dtypes[n]) for n, p in self.params.items()}
+        sums: Sums = {}
         all_norms = []
         if self.probes is not None and hasattr(self.norms, "start_step"):  # the same probes as alone
             self.norms.start_step(self.probes.seed())
@@ -135,11 +135,14 @@ class PackedDPEngine:
                     redone = self._pass(select_rows(x, keep), y[keep])[0] if len(keep) else None
                     for name in part:
                         part[name][k] = redone[name][k] if redone is not None else 0
-                for name, s in part.items():
-                    sums[name] += s.to(dtypes[name])
+                for name, s in part.items():   # the first micro-batch's sums are taken as they are
+                    if name in sums:
+                        sums[name] += s
+                    else:
+                        sums[name] = s.to(dtypes[name])
                 all_norms.append(norms.detach())
         norms = torch.cat(all_norms, dim=1) if all_norms else torch.zeros(K, 0, device=targets.device)
-        return sums, norms
+        return {n: sums[n] if n in sums else torch.zeros_like(p, dtype=dtypes[n]) for n, p in self.params.items()}, norms
 
     def _pass(self, x: Inputs, y: torch.Tensor) -> tuple[Sums, torch.Tensor]:
         """One packed forward and backward of a micro-batch: (sums [K, ...], norms [K, b])."""
