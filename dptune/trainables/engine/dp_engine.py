@@ -61,6 +61,16 @@ class DPStep:
         return {name: s * self.scale for name, s in self.clipped.items()}
 
 
+def add_sums(sums: Sums, part: Sums, dtypes: dict[str, torch.dtype]) -> None:
+    """Add one micro-batch's clipped sums to ``sums``; the first one of a parameter is taken as it is
+    (in ``dtypes[name]``): no zeros to fill and add to, a pass over every parameter and step."""
+    for name, s in part.items():
+        if name in sums:
+            sums[name] += s
+        else:
+            sums[name] = s.to(dtypes[name])
+
+
 class DPEngine:
     """Computes privatised gradients for ``model`` and writes them to ``.grad`` (see the module docstring).
 
@@ -171,11 +181,7 @@ class DPEngine:
                     keep = finite.nonzero(as_tuple=True)[0]
                     part = self.norms.clipped_sum(select_rows(x, keep), y[keep], self._factors)[0] if len(keep) \
                         else {}
-                for name, s in part.items():   # the first micro-batch's sums are taken as they are
-                    if name in sums:
-                        sums[name] += s
-                    else:
-                        sums[name] = s.to(dtypes[name])
+                add_sums(sums, part, dtypes)
                 all_norms.append(norms.detach())
         norms = torch.cat(all_norms) if all_norms else torch.zeros(0, device=targets.device)
         return {n: sums[n] if n in sums else torch.zeros_like(p, dtype=dtypes[n]) for n, p in self.params.items()}, norms

@@ -28,6 +28,7 @@ from ...privacy.validation import check_estimator
 from ...schema import check_option
 from ...schema.option_registries import CLIP_FNS, NORM_ENGINES
 from .batching import Inputs, batch_len, micro_batches, select_rows
+from .dp_engine import add_sums
 from .per_sample import LossFn, check_model, trainable_parameters
 from .randomness import Stream
 
@@ -135,11 +136,7 @@ class PackedDPEngine:
                     redone = self._pass(select_rows(x, keep), y[keep])[0] if len(keep) else None
                     for name in part:
                         part[name][k] = redone[name][k] if redone is not None else 0
-                for name, s in part.items():   # the first micro-batch's sums are taken as they are
-                    if name in sums:
-                        sums[name] += s
-                    else:
-                        sums[name] = s.to(dtypes[name])
+                add_sums(sums, part, dtypes)
                 all_norms.append(norms.detach())
         norms = torch.cat(all_norms, dim=1) if all_norms else torch.zeros(K, 0, device=targets.device)
         return {n: sums[n] if n in sums else torch.zeros_like(p, dtype=dtypes[n]) for n, p in self.params.items()}, norms
