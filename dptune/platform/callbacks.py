@@ -4,6 +4,7 @@ No ended trial goes without its row: a write that fails (the store unreachable o
 store's retries) is reported once and tried again at every later trial end and when the sweep
 ends, and the first step of a resumed sweep records every trial Ray Tune holds as ended that
 the store lacks (a row lost to a crash, a failed write, a quarantined file), from its checkpoint.
+A pack trial (:mod:`.packs`) is written as one row per member, each with its own status and curve.
 That first step also tells a restored searcher which trials Ray Tune's snapshot holds, so it hands
 out again what it handed out before the kill and the snapshot lost (:func:`.searcher.reconcile_restored`).
 """
@@ -16,6 +17,7 @@ from ray import tune
 from .faults import fault_point
 from .kept import KEPT, config_id
 from .layout import ExperimentPaths
+from .packs import ending, history_of, members
 from .records import epoch_rows, gradnorm_rows, trial_row
 from .searcher import reconcile_restored
 from .store import ResultsStore, StoreWriteError, first_line, retrying
@@ -56,10 +58,13 @@ class StoreCallback(tune.Callback):
             self._record_missing(trials)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
-        self._record(trial, "stopped" if stopped_early(trial.last_result) else "finished")
+        for member in members(trial):
+            self._record(member, *ending(member))
 
     def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
-        self._record(trial, "error", _error_message(trial))
+        message = _error_message(trial)
+        for member in members(trial):
+            self._record(member, *ending(member, message))
 
     def on_experiment_end(self, trials: list, **info) -> None:
         self._retry_unrecorded()
@@ -68,7 +73,7 @@ class StoreCallback(tune.Callback):
                   f"{self.paths.root}` records it once the store takes writes", file=sys.stderr)
 
     def _record(self, trial: "tune.experiment.Trial", status: str, error: str | None = None) -> None:
-        """Write the trial's rows; a failed write is reported once and kept for a later try."""
+        """Write the trial's (or pack member's) rows; a failed write is reported once and kept for a later try."""
         self._retry_unrecorded()
         try:
             self._write(trial, status=status, error=error)
@@ -95,11 +100,12 @@ class StoreCallback(tune.Callback):
         """Write the rows of every ended trial whose configuration the store does not hold."""
         stored = set(self.store.table("trials").get("config_id", []))
         for trial in trials:
-            if trial.status in (trial.TERMINATED, trial.ERROR) and config_id(trial.config) not in stored:
-                if trial.status == trial.ERROR:
-                    self._record(trial, "error", _error_message(trial))
-                else:
-                    self._record(trial, "stopped" if stopped_early(trial.last_result) else "finished")
+            if trial.status not in (trial.TERMINATED, trial.ERROR):
+                continue
+            message = _error_message(trial) if trial.status == trial.ERROR else None
+            for member in members(trial):
+                if config_id(member.config) not in stored:
+                    self._record(member, *ending(member, message))
 
     def _write(self, trial: "tune.experiment.Trial", *, status: str, error: str | None = None) -> None:
         last = dict(trial.last_result or {})
@@ -111,19 +117,12 @@ class StoreCallback(tune.Callback):
             state = None
             error = error or ("its per-epoch curve was not recorded: the trial's checkpoint could not be read "
                               f"({first_line(exc)})")
-        history = state["history"] if state else []
+        history = history_of(state, trial)
         last["history"] = history
         row = trial_row(trial.trial_id, resolved(trial.config), last, status=status, error=error,
                         experiment=self.paths.name)
         row["config_id"] = config_id(trial.config)
         self.store.write_trial(row, epoch_rows(history, row["metric"]), gradnorm_rows(history))
-
-
-def stopped_early(last: dict | None) -> bool:
-    """Whether a trial that ended without error took fewer steps than planned (a scheduler stopped it)."""
-    last = last or {}
-    step, steps = last.get("step"), last.get("steps")
-    return step is not None and steps is not None and int(step) < int(steps)
 
 
 def _error_message(trial: "tune.experiment.Trial") -> str:

@@ -18,7 +18,7 @@ from ..search_spaces import Catalog
 from ..search_spaces.search_sections import BACKBONE_FIELDS, DATASET_OPTIONS
 from ..schema import check_option
 from ..trainables.data.catalog import train_size
-from ..trainables.registries import DATASETS, MODELS, check_pairing, dataset_task
+from ..trainables.registries import DATASETS, MODELS, PACKABLE_MODELS, check_pairing, dataset_task
 
 #: Model options that configure LoRA adapters: meaningful only with ``peft: lora``.
 LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
@@ -93,7 +93,8 @@ def check_task_pairing(name: str, options: dict, dataset: str) -> None:
 
 def trainables_catalog() -> Catalog:
     """The registered datasets (with their sizes) and backbones (``timm:``/``hf:`` families
-    included), the trainer's rule for every trial option, and the option checks."""
+    included), the trainer's rule for every trial option, the option checks, and the backbones a
+    pack can batch."""
     return Catalog(datasets=DATASETS, backbones=MODELS, dataset_size=dataset_size, check_trial_option=check_option,
                    check_backbone=check_backbone, check_dataset=check_dataset, task_of=dataset_task,
-                   check_pairing=check_task_pairing)
+                   check_pairing=check_task_pairing, packable=PACKABLE_MODELS)

@@ -6,7 +6,8 @@ finished may come back as running (and train its last epoch again), and a search
 than the trial list hands out a configuration a second time under a new trial id. The store is
 written when a trial ends, so it is the record of what ended: ``dptune resume`` reads it once, and
 a trial whose configuration it holds as finished or stopped reports the stored result instead of
-training (the store callback then leaves the stored rows as they are).
+training (the store callback then leaves the stored rows as they are); a pack all of whose members
+it holds reports theirs.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Callable
 from ..schema import METRICS
 from ..schema.metrics import SCORES
 from . import tune_adapter
+from .packs import PACK
 from .store import ResultsStore
 
 #: Set in the one report of a trial that was kept from the store (the store callback skips it).
@@ -51,6 +53,15 @@ def keeping(trainable: Callable[[dict], None], kept: dict[str, dict]) -> Callabl
     """``trainable``, except that a configuration in ``kept`` reports its stored result and ends."""
     @functools.wraps(trainable)
     def run(config: dict, **options: object) -> None:
+        if PACK in config:   # a pack is kept when all its members are
+            results = [kept.get(config_id(c)) for c in config[PACK]]
+            if None in results:
+                trainable(config, **options)
+            else:
+                metric = config[PACK][0].get("metric", "test_accuracy")   # Ray Tune wants it in every result
+                tune_adapter.report({metric: math.nan, KEPT: 1, "members": {str(k): {**r, KEPT: 1, "member_status": "ended"}
+                                                          for k, r in enumerate(results)}})
+            return
         result = kept.get(config_id(config))
         if result is None:
             trainable(config, **options)

@@ -15,6 +15,7 @@ from ray import tune
 
 from .callbacks import StoreCallback
 from .live_status import LiveStatus
+from .packs import PerMember
 from .progress import TrialLines
 from .ray_setup import configure_driver
 from .ray_orphans import stop_orphans
@@ -161,10 +162,11 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
     snapshot can name the checkpoint before the newest; with one kept it would already be gone."""
     paths = settings.paths.absolute()
     # the live file first: a trial that ends leaves it before the store records it (no double count)
-    callbacks: list[tune.Callback] = [LiveStatus(paths), StoreCallback(paths)]
-    callbacks += tracker_callbacks(settings.tracking, settings.experiment, str(paths.root))
+    # each pack member is a trial of its own to all but Ray Tune (the store callback writes its rows itself)
+    callbacks: list[tune.Callback] = [PerMember(LiveStatus(paths)), StoreCallback(paths)]
+    callbacks += map(PerMember, tracker_callbacks(settings.tracking, settings.experiment, str(paths.root)))
     if settings.verbose == 0:
-        callbacks.append(TrialLines(total))
+        callbacks.append(PerMember(TrialLines(total)))
     return tune.RunConfig(
         name=settings.experiment, storage_path=absolute(settings.storage),
         failure_config=tune.FailureConfig(max_failures=settings.max_failures),

@@ -113,7 +113,7 @@ def _worker_loop(loop_config: dict) -> None:
     metric = config.get("metric", "test_accuracy")
 
     def report(metrics: dict, history: list) -> None:
-        tune_adapter.train_report(epoch_report(metrics, trainer, history, metric),
+        tune_adapter.train_report(epoch_report(metrics, trainer.plan, trainer.trainable, history, metric),
                                   state=run_state(trainer, history) if rank0 else None)
 
     # Train's latest checkpoint (after a worker restart), else the one Tune restored the trial from

@@ -8,7 +8,7 @@ import time
 from ray import tune
 
 from ..schema import METRICS
-from .callbacks import stopped_early
+from .records import stopped_early
 
 
 class TrialLines(tune.Callback):

@@ -15,6 +15,13 @@ SELECTION_FIELDS = ("selection_k", "selection_draw", "trial_epsilon", "total_eps
 EPOCH_FIELDS = ("epoch", "step", "epsilon_spent", "clipped_fraction", "train_time_s")
 
 
+def stopped_early(last: dict | None) -> bool:
+    """Whether a trial that ended without error took fewer steps than planned (a scheduler stopped it)."""
+    last = last or {}
+    step, steps = last.get("step"), last.get("steps")
+    return step is not None and steps is not None and int(step) < int(steps)
+
+
 def selected_on(metrics: dict, metric: str) -> dict:
     """``accuracy`` and ``loss`` of a row: the sweep's ``metric`` (what it selected on, named in the
     ``metric`` column, its direction in ``metric_mode``: ``max`` or ``min``) and that metric's loss,

@@ -17,7 +17,10 @@ state in a file beside the experiment, so
 driver failure, whose stop Ray Tune had not yet recorded, is stopped again at its next report.
 
 A stopped trial took fewer steps than planned, so it spent less than the cell's ε; the store
-callback records it with status ``stopped`` and the ε of its last epoch.
+callback records it with status ``stopped`` and the ε of its last epoch. The members of a pack
+(:mod:`.packs`) are decided one by one, each in its own group, from its own result; a stopped
+member is retired from its pack (through :class:`.packs.PackStops`, before the pack's next epoch)
+while the others go on.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import math
 import pickle
 from typing import Optional
 
+import ray
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 
@@ -33,6 +37,7 @@ from ..errors import UserError
 from ..search_spaces.search_sections import Scheduler
 from .durable import read_file, write_bytes
 from .layout import ExperimentPaths
+from .packs import MemberTrial, is_pack, members, new_member_results, pack_stops
 
 #: File of the per-cell scheduler state, beside Ray's experiment state.
 STATE_FILE = "dptune-scheduler.pkl"
@@ -74,6 +79,7 @@ class PerCellScheduler(FIFOScheduler):
         self.state = state
         self.cells: dict[str, TrialScheduler] = {}
         self.stopped: set[str] = set()   # trials stopped by a decision already taken
+        self._stops = None               # the pack members' stops (packs.PackStops), made on first use
         self._loaded = False
 
     # --- Ray Tune's TrialScheduler interface --------------------------------------------------
@@ -82,11 +88,26 @@ class PerCellScheduler(FIFOScheduler):
         return True   # the metric and mode are fixed at construction
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
-        inner = self._inner(trial)
-        if inner is not None:
-            inner.on_trial_add(tune_controller, trial)
+        for member in members(trial):
+            inner = self._inner(member)
+            if inner is not None:
+                inner.on_trial_add(tune_controller, member)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
+        if is_pack(trial):   # each member decided alone; the pack goes on while any member does
+            stop = [k for k, member in new_member_results(result)
+                    if self._decide(tune_controller, MemberTrial(trial, k), member) == TrialScheduler.STOP]
+            if stop:
+                if self._stops is None:   # held here: an actor with no handle left is collected
+                    self._stops = pack_stops(create=True)
+                ray.get([self._stops.stop.remote(trial.trial_id, k) for k in stop])   # before the pack goes on
+            self._save()
+            return TrialScheduler.CONTINUE
+        decision = self._decide(tune_controller, trial, result)
+        self._save()
+        return decision
+
+    def _decide(self, tune_controller, trial: Trial, result: dict) -> str:
         inner = self._inner(trial)
         if inner is None:
             return TrialScheduler.CONTINUE
@@ -95,24 +116,26 @@ class PerCellScheduler(FIFOScheduler):
         decision = inner.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.STOP and result.get("step", 0) < result.get("steps", 0):
             self.stopped.add(trial.trial_id)
-        self._save()
         return decision
 
     def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
-        inner = self._inner(trial)
-        if inner is not None and trial.trial_id in getattr(inner, "_trial_info", {trial.trial_id: None}):
-            inner.on_trial_complete(tune_controller, trial, result)
-            self._save()
+        for member in members(trial):
+            inner = self._inner(member)
+            if inner is not None and member.trial_id in getattr(inner, "_trial_info", {member.trial_id: None}):
+                inner.on_trial_complete(tune_controller, member, member.last_result if member is not trial else result)
+                self._save()
 
     def on_trial_error(self, tune_controller, trial: Trial) -> None:
-        inner = self._inner(trial)
-        if inner is not None:
-            inner.on_trial_error(tune_controller, trial)
+        for member in members(trial):
+            inner = self._inner(member)
+            if inner is not None:
+                inner.on_trial_error(tune_controller, member)
 
     def on_trial_remove(self, tune_controller, trial: Trial) -> None:
-        inner = self._inner(trial)
-        if inner is not None and trial.trial_id in getattr(inner, "_trial_info", {trial.trial_id: None}):
-            inner.on_trial_remove(tune_controller, trial)
+        for member in members(trial):
+            inner = self._inner(member)
+            if inner is not None and member.trial_id in getattr(inner, "_trial_info", {member.trial_id: None}):
+                inner.on_trial_remove(tune_controller, member)
 
     def debug_string(self) -> str:
         return "\n".join(f"{cell}: {inner.debug_string()}" for cell, inner in self.cells.items()) or "no cells yet"

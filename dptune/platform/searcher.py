@@ -12,6 +12,8 @@ private selection's K draws; with ``search.transfer`` a grid cell searches only 
 the cell before it in its ε chain (:class:`~.cell_search.Transfer`). ``save``/``restore`` pickle the whole state, so ``Tuner.restore``
 resumes the search where it stopped (the pickle is read only from the experiment's own folder:
 as for any pickle, resume only experiments whose folder nobody else can write, see the README).
+With ``pack`` (:mod:`.packs`), the trial configs the cells can hand out now that can share a model
+are handed out together as one pack trial; each member's result is told to its cell alone.
 A restored searcher is told, before its first suggestion, which trials Ray Tune's snapshot holds
 (:func:`reconcile_restored`): the two snapshots are written one after the other and can disagree
 after a kill, and a configuration handed out before the kill that the trial snapshot lost is handed
@@ -34,6 +36,7 @@ from pyarrow.fs import LocalFileSystem
 from .cell_search import WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, Transfer, WarmStart
 from .durable import read_file, write_bytes
 from .faults import fault_point
+from .packs import PackPolicy, member_result, member_trial_id, pack_config, take_pack
 
 if TYPE_CHECKING:
     from ..search_spaces.planner import SweepPlan
@@ -59,9 +62,12 @@ class SweepSearcher(Searcher):
     ``on_equivalent`` is called with every trial recorded as clip-equivalent so far."""
 
     def __init__(self, plan: "SweepPlan", *, metric: str, mode: str = "max", clip_equivalence: bool = True,
-                 on_equivalent: Optional[Callable[[list[dict]], None]] = None) -> None:
+                 on_equivalent: Optional[Callable[[list[dict]], None]] = None,
+                 pack: PackPolicy | None = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.plan = plan
+        #: packed trials (None: each trial config runs alone), on where the plan's lever is
+        self.pack = pack if plan.space.search.pack else None
         self.on_equivalent = on_equivalent
         self.cells = [CellSearch(cell, cell_strategy(plan, i, mode=mode, clip_equivalence=clip_equivalence,
                                                      warm_start=lambda i=i: self.warm_start_point(i)),
@@ -75,24 +81,37 @@ class SweepSearcher(Searcher):
         self.equivalents: list[dict] = []
         self._cursor = 0                                   # the first cell not done
         self._pending: deque = deque()                     # (cell, proposal id, trial config) to hand out
-        self._trials: dict[str, tuple[int, str, dict]] = {}  # Ray trial id → (cell, proposal id, config)
+        #: Ray trial id → its (cell, proposal id, trial config): one, or a pack's members
+        self._trials: dict[str, list[tuple[int, str, dict]]] = {}
 
     # --- Ray Tune's Searcher interface -----------------------------------------------------------
 
     def suggest(self, trial_id: str) -> Optional[dict] | str:
-        if not self._pending:
+        if self.pack is not None:   # everything the cells can hand out now, to pack what shares a model
+            while self._propose():
+                pass
+        elif not self._pending:
             self._propose()
         if not self._pending:
             return Searcher.FINISHED if all(c.done for c in self.cells) else None   # None: waiting for a larger C
-        cell, pid, config = self._pending.popleft()
-        self._trials[trial_id] = (cell, pid, config)
-        return config
+        entries = take_pack(self._pending, self.pack) if self.pack is not None else [self._pending.popleft()]
+        self._trials[trial_id] = entries
+        return pack_config([config for _, _, config in entries])
 
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
-        known = self._trials.pop(trial_id, None)
-        if known is None:
+        entries = self._trials.pop(trial_id, None)
+        if entries is None:
             return
-        cell, pid, config = known
+        for k, (cell, pid, config) in enumerate(entries):
+            if len(entries) == 1:
+                member_id, last, failed = trial_id, result, error
+            else:   # a pack: each member's own result (an ended member's stands even if the pack failed)
+                member_id, last = member_trial_id(trial_id, k), member_result(result, k)
+                failed = bool(last.get("error")) or (error and last.get("member_status") != "ended")
+            self._result(cell, pid, config, member_id, last, failed)
+
+    def _result(self, cell: int, pid: str, config: dict, trial_id: str, result: Optional[dict], error: bool) -> None:
+        """One trial's (or pack member's) result, told to its cell."""
         seed = int(config["seed"])
         value = None if error or not result else result.get(self.metric)
         completed = not error and bool(result) and result.get("step") == result.get("steps")
@@ -124,8 +143,7 @@ class SweepSearcher(Searcher):
         self._reconciled = True
         held = {t.trial_id: t for t in trials}
         for trial_id in reversed([t for t in self._trials if t not in held]):
-            cell, pid, config = self._trials.pop(trial_id)
-            self._pending.appendleft((cell, pid, config))
+            self._pending.extendleft(reversed(self._trials.pop(trial_id)))
         for trial_id in [t for t in self._trials if held[t].status in (held[t].TERMINATED, held[t].ERROR)]:
             trial = held[trial_id]
             self.on_trial_complete(trial_id, trial.last_result, error=trial.status == trial.ERROR)
@@ -133,7 +151,7 @@ class SweepSearcher(Searcher):
     def unrun(self) -> int:
         """How many planned trials have not ended: handed out and not reported back, queued, and at
         least one per cell that has configurations left (0 once the plan is complete)."""
-        return len(self._trials) + len(self._pending) + sum(not c.done for c in self.cells)
+        return sum(map(len, self._trials.values())) + len(self._pending) + sum(not c.done for c in self.cells)
 
     # --- results -----------------------------------------------------------------------------------
 
@@ -172,9 +190,10 @@ class SweepSearcher(Searcher):
 
     # --- internals ---------------------------------------------------------------------------------
 
-    def _propose(self) -> None:
+    def _propose(self) -> bool:
         """Queue the trials of the next configuration of the first cell that has one (scanning again
-        when a cell finished its search during the scan: a cell waiting for it may go on now)."""
+        when a cell finished its search during the scan: a cell waiting for it may go on now);
+        whether one was queued."""
         while True:
             finished = False
             for i in range(self._cursor, len(self.cells)):
@@ -189,9 +208,9 @@ class SweepSearcher(Searcher):
                     continue
                 pid, configs = proposed
                 self._pending.extend((i, pid, config) for config in configs)
-                return
+                return True
             if not finished:
-                return
+                return False
 
 
 def chained(plan: "SweepPlan", cell: int, *, clip_equivalence: bool = True) -> bool:

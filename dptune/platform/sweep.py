@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from types import SimpleNamespace
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, TextIO
@@ -25,6 +26,7 @@ from .live_status import mark_ended
 from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
 from .durable import read_json, write_json
 from .layout import DEFAULT_SPEC, PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
+from .packs import PackPolicy, ending, members
 from .ray_tasks import RayTasks
 from .schedulers import build_scheduler
 from .searcher import RESTORED, SweepSearcher
@@ -91,7 +93,9 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
     start_ray(address)
     scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode=plan.mode)
-    searcher = SweepSearcher(plan, metric=plan.metric, mode=plan.mode, on_equivalent=EquivalenceLog(settings.paths.absolute()))
+    packing = PackPolicy.for_resources(settings.resources.gpu) if settings.resources.workers == 1 else None
+    searcher = SweepSearcher(plan, metric=plan.metric, mode=plan.mode, on_equivalent=EquivalenceLog(settings.paths.absolute()),
+                             pack=packing)
     tuner = tune.Tuner(
         resourced(settings) if trainable is None else resourced(settings, trainable),
         tune_config=tune.TuneConfig(search_alg=searcher,
@@ -174,14 +178,18 @@ def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSea
              out: TextIO = sys.stdout) -> SweepOutcome:
     write_equivalent_rows(settings.paths.absolute())   # clip-equivalent trials: recorded, not trained
     release_selections(results, settings.paths.absolute(), out=out)   # private selection: best trial, tested once
-    errored = sum(r.error is not None for r in results)  # stopped trials count as finished here
+    # stopped trials count as finished here; a pack counts its members, each by its own ending
+    error = [r.error is not None for r in results]
+    endings = [ending(m, "failed" if failed else None)[0] for r, failed in zip(results, error)
+               for m in members(SimpleNamespace(config=r.config, trial_id="", last_result=r.metrics))]
+    errored = endings.count("error")
     unrun = searcher.unrun() if searcher is not None else 0
     mark_ended(settings.paths.absolute(), unrun)
     if unrun:
         print(f"dptune: the plan is not complete: {unrun} planned trial(s) did not run; "
               f"`dptune resume {settings.paths.root}` runs them", file=out)
     metric = searcher.metric if searcher is not None else "test_accuracy"
-    return SweepOutcome(settings.paths, len(results) - errored, errored, results, unrun, metric)
+    return SweepOutcome(settings.paths, len(endings) - errored, errored, results, unrun, metric)
 
 
 def summary_table(store: str) -> str:

@@ -16,7 +16,7 @@ from typing import Callable
 from ..errors import UserError
 from ..timeline import mark
 from ..schema import LOSS_OF
-from ..trainables.training import Trainer
+from ..trainables.training import PrivacyPlan, Trainer
 from . import tune_adapter
 from .trial_config import plan_figures, train_config
 
@@ -32,8 +32,9 @@ def run_trial(config: dict, on_workers: Callable[[dict], None] | None = None) ->
     trainer = planned_trainer(config)
     mark("trainer_built")
     metric = config.get("metric", "test_accuracy")
-    trainer.fit(lambda metrics, history: tune_adapter.report(epoch_report(metrics, trainer, history, metric),
-                                                             state=run_state(trainer, history)),
+    trainer.fit(lambda metrics, history: tune_adapter.report(
+                    epoch_report(metrics, trainer.plan, trainer.trainable, history, metric),
+                    state=run_state(trainer, history)),
                 state=tune_adapter.restore_state())
     mark("trial_end", train_time_s=trainer.train_time_s)
 
@@ -42,7 +43,7 @@ def planned_trainer(config: dict, **options: object) -> Trainer:
     """The Trainer of a trial's flat config, refused if its precomputed σ was planned for another
     q or T (:func:`check_plan`). ``options`` go to the Trainer (e.g. its workers)."""
     trainer = Trainer(train_config(config), **options)
-    check_plan(plan_figures(config), trainer)
+    check_plan(plan_figures(config), trainer.plan)
     return trainer
 
 
@@ -51,27 +52,28 @@ def run_state(trainer: Trainer, history: list[dict]) -> dict:
     return {"trainer": trainer.state_dict(), "history": history}
 
 
-def check_plan(planned: dict, trainer: Trainer) -> None:
-    """Refuse a trial whose precomputed σ was planned for another q or T (e.g. a wrong dataset
-    size): training with it would silently break the stated ε."""
-    plan, meta = trainer.plan, planned
+def check_plan(planned: dict, plan: PrivacyPlan) -> None:
+    """Refuse a trial whose precomputed σ was planned for another q or T than the trainer's
+    ``plan`` (e.g. a wrong dataset size): training with it would silently break the stated ε."""
+    meta = planned
     if "steps" in meta and int(meta["steps"]) != plan.steps or \
             "sample_rate" in meta and not math.isclose(float(meta["sample_rate"]), plan.sample_rate, rel_tol=1e-9):
         raise UserError(f"the trial was planned for q={meta.get('sample_rate')}, T={meta.get('steps')} but trains "
                          f"with q={plan.sample_rate}, T={plan.steps}: its noise multiplier does not give the stated ε")
 
 
-def epoch_report(metrics: dict, trainer: Trainer, history: list[dict] | None = None,
+def epoch_report(metrics: dict, plan: PrivacyPlan, trainable: int, history: list[dict] | None = None,
                  metric: str = "test_accuracy") -> dict:
     """Flat scalar metrics for Ray Tune, the sweep's ``metric`` (what the searcher and scheduler
     compare) and its loss first (the progress table shows them), plus the run's privacy plan and
     ``fully_clipped`` (1 when every example of every step so far was clipped: the searcher's
-    clip-equivalence reads it; computed from private norms, NOT private)."""
+    clip-equivalence reads it; computed from private norms, NOT private). ``plan``: the trainer's
+    privacy plan; ``trainable``: its number of trainable parameters."""
     head = {k: metrics[k] for k in (metric, LOSS_OF[metric], "epsilon_spent", "epoch") if k in metrics}
     head = {metric: math.nan, **head}   # private selection scores only at the end (Ray Tune wants the metric)
     rest = {k: v for k, v in metrics.items()
             if k not in head and isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return {**head, **rest, "noise_multiplier": trainer.plan.noise_multiplier,
-            "sample_rate": trainer.plan.sample_rate, "steps": trainer.plan.steps,
-            "noise_sqrt_steps": trainer.plan.noise_sqrt_steps, "trainable_params": trainer.trainable,
+    return {**head, **rest, "noise_multiplier": plan.noise_multiplier,
+            "sample_rate": plan.sample_rate, "steps": plan.steps,
+            "noise_sqrt_steps": plan.noise_sqrt_steps, "trainable_params": trainable,
             "fully_clipped": int(bool(history) and all(h.get("clipped_fraction") == 1.0 for h in history))}

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .packs import PACK
+
 
 def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
     """One DP trial: :func:`.trainable.run_trial` (``on_workers``: a multi-worker trial's Ray Train
-    run, set by the launcher)."""
+    run, set by the launcher), or a pack of trials (:mod:`.packs`): :func:`.pack_trial.run_pack`."""
     from ..timeline import mark
 
     mark("trial_entered", cell=config.get("cell"), seed=config.get("seed"))
+    if PACK in config:
+        from .pack_trial import run_pack
+
+        run_pack(config)
+        return
     from .trainable import run_trial
 
     run_trial(config, on_workers)

@@ -21,14 +21,22 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
   differ by what was run, not by what was measured (seen on the default sweep: transfer from ε = 8 left
   ε = 1's B = 32 and its best η unrun).
 
-Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``.
+- **packed trials** (``search.pack``, :mod:`dptune.platform.packs`): configurations that share the
+  data, the model, B, the seed, the epochs and the options and differ in C, η or ε train as one
+  batched model, each still its own trial in the store, the trackers and ``dptune status``, each
+  stopped alone by the scheduler; the same results as apart (up to float rounding). On by default for
+  backbones a pack can batch (the catalog's ``packable``); off under private selection (its noisy
+  score has no packed path) and for optuna (TPE proposes one configuration at a time from the
+  results so far). On a CPU only B ≤ 128 is packed (where it was measured to pay: BENCHMARKS.md).
+
+Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``, ``pack: off``.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Collection
 
 from ..privacy.schedule import epoch_end_steps
 from .search_sections import Scheduler, Search
@@ -43,7 +51,8 @@ DEFAULT_SCHEDULER = Scheduler("asha", grace_steps=20, reduction_factor=3.0)
 DEFAULT_PROXY_DIVISOR = "auto"
 DEFAULT_TRANSFER_RADIUS = 1
 #: The spec's names of the levers (keys of ``search``) and how the plan calls them.
-LEVERS = {"scheduler": "multi-fidelity", "proxy": "proxy runs", "transfer": "transfer across ε"}
+LEVERS = {"scheduler": "multi-fidelity", "proxy": "proxy runs", "transfer": "transfer across ε",
+          "pack": "packed trials"}
 
 
 @dataclass(frozen=True)
@@ -59,13 +68,14 @@ class Lever:
         return f"{LEVERS[self.key]}: {'on' if self.on else 'off'} — {self.why}"
 
 
-def with_levers(space: "SearchSpace") -> "SearchSpace":
-    """``space`` with the levers its spec did not name decided, and why (:attr:`SearchSpace.levers`)."""
-    search, levers = resolve_levers(space)
+def with_levers(space: "SearchSpace", packable: Collection[str] = ()) -> "SearchSpace":
+    """``space`` with the levers its spec did not name decided, and why (:attr:`SearchSpace.levers`);
+    ``packable``: the backbones a pack can batch."""
+    search, levers = resolve_levers(space, packable)
     return dataclasses.replace(space, search=search, levers=levers)
 
 
-def resolve_levers(space: "SearchSpace") -> tuple[Search, tuple[Lever, ...]]:
+def resolve_levers(space: "SearchSpace", packable: Collection[str] = ()) -> tuple[Search, tuple[Lever, ...]]:
     """The search with the levers the spec did not name decided, and one :class:`Lever` each."""
     search = space.search
     private = space.selection.private
@@ -126,9 +136,34 @@ def resolve_levers(space: "SearchSpace") -> tuple[Search, tuple[Lever, ...]]:
                    "best, once its results are in; `search: {transfer: off}` turns it off")
         levers.append(Lever("transfer", radius is not None, why))
 
+    pack, why = _pack_lever(space, packable)
+    levers.append(Lever("pack", pack, why))
+
     resolved = dataclasses.replace(search, scheduler=scheduler, proxy_divisor=divisor, transfer_radius=radius,
-                                   transfer_lr_scaling=scaling)
+                                   transfer_lr_scaling=scaling, pack=pack)
     return resolved, tuple(levers)
+
+
+def _pack_lever(space: "SearchSpace", packable: Collection[str]) -> tuple[bool, str]:
+    """Whether trials are packed, and why (see the module docstring)."""
+    search = space.search
+    if "pack" in search.named:
+        return search.pack, "named in the spec" if search.pack else "named off in the spec"
+    if space.selection.private:
+        return False, "private selection: its noisy score has no packed path; each trial runs alone"
+    if search.algorithm == "optuna":
+        return False, "optuna: TPE proposes one configuration at a time from the results so far"
+    peft = space.trial.fixed.get("peft")
+    unpackable = [b.label for b in space.axes.backbone
+                  if b.name not in packable or dict(b.options).get("peft", peft) == "full"]
+    if unpackable:
+        return False, (f"a pack has no batched form of every layer of {', '.join(unpackable)} "
+                       f"(packable: {', '.join(packable) or 'none'}; a pretrained one with peft other than full)")
+    fixed = [k for k in ("denoise", "diagnostics") if space.trial.fixed.get(k)]
+    if fixed:
+        return False, f"{' and '.join(fixed)}: not supported in a pack"
+    return True, ("on by default: configurations that differ only in C, η or ε train as one batched model, each "
+                  "still its own trial (on a CPU at B ≤ 128 only, where it pays); `search: {pack: off}` turns it off")
 
 
 def _scheduler_text(scheduler: Scheduler) -> str:

@@ -504,7 +504,7 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     declared size against the data (q = B/N and T must be the trainer's); after it, refuses cells
     left without a batch size. ``dptune plan`` passes False: declared sizes are used as given.
     """
-    space = with_levers(SearchSpace.from_spec(spec))
+    space = with_levers(SearchSpace.from_spec(spec), catalog.packable)
     unregistered = [d.name for d in space.axes.dataset if d.name not in catalog.datasets]
     if strict and unregistered:
         raise UserError(f"dataset(s) {', '.join(unregistered)} are not registered; sizes declared under "

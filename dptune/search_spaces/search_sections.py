@@ -160,9 +160,12 @@ class Search:
     #: previous cell's best (η moved by ε_new/ε_old first with ``lr_scaling: linear``); None: off
     transfer_radius: int | None = None
     transfer_lr_scaling: str = "none"
-    #: the levers (scheduler, proxy, transfer) the spec named; the others are decided by
+    #: packed trials (``pack: on | off``): configurations that differ only in C, η and ε train as one
+    #: batched model (:mod:`dptune.platform.packs`)
+    pack: bool = False
+    #: the levers (scheduler, proxy, transfer, pack) the spec named; the others are decided by
     #: :func:`~.levers.resolve_levers` (on by default where they are safe)
-    named: frozenset = frozenset(("scheduler", "proxy", "transfer"))
+    named: frozenset = frozenset(("scheduler", "proxy", "transfer", "pack"))
 
 
 @dataclass(frozen=True)
@@ -448,10 +451,11 @@ def parse_scheduler(value: Any) -> Scheduler:
     return Scheduler(name, **{k: checks[k](v, f"search.scheduler.{k}") for k, v in raw.items() if k != "name"})
 
 
-@register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler")
+@register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler, proxy, "
+                                                 "transfer, pack")
 def parse_search(value: Any, catalog: Catalog) -> Search:
     raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler", "proxy",
-                                    "transfer"))
+                                    "transfer", "pack"))
     algorithm = choice(raw.get("algorithm", "grid"), "search.algorithm", ALGORITHMS)
     budget = raw.get("budget")
     if algorithm == "grid":
@@ -476,7 +480,7 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
                   integer(raw.get("seed", 0), "search.seed", ge=0),
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
                   parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling,
-                  frozenset(k for k in ("scheduler", "proxy", "transfer") if k in raw))
+                  parse_pack(raw.get("pack")), frozenset(k for k in ("scheduler", "proxy", "transfer", "pack") if k in raw))
 
 
 TRANSFER_LR_SCALINGS = ("none", "linear")
@@ -507,6 +511,15 @@ def parse_proxy(value: Any) -> int | str:
     if isinstance(value, str):
         raise SpecError(f"search.proxy.batch_divisor: must be a whole number >= 1 or auto; got {value!r}")
     return integer(value, "search.proxy.batch_divisor", ge=1)
+
+
+def parse_pack(value: Any) -> bool:
+    """``search.pack: on | off`` (``true``/``false`` too): whether configurations train in packs."""
+    if value in (True, "on"):
+        return True
+    if value is None or value is False or value in OFF:
+        return False
+    raise SpecError(f"search.pack: must be on or off; got {value!r}")
 
 
 @register_section("seeds", default=[0], summary="training seeds")

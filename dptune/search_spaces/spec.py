@@ -44,6 +44,7 @@ class Catalog:
     not checked). ``task_of(name)`` is a registered dataset's task (``classification`` or
     ``generation``; None: every dataset is a classification); ``check_pairing(backbone, options,
     dataset)`` raises a one-line ValueError when the backbone cannot learn the dataset's task.
+    ``packable``: the backbones packed trials can batch (``search.pack``).
     """
 
     datasets: Collection[str]
@@ -54,6 +55,8 @@ class Catalog:
     check_dataset: Callable[[str, dict], None] | None = None
     task_of: Callable[[str], str] | None = None
     check_pairing: Callable[[str, dict, str], None] | None = None
+    #: backbones whose layers a pack can batch (packed trials); empty: none
+    packable: Collection[str] = ()
 
 
 Parser = Callable[[Any, Catalog], Any]

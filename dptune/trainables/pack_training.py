@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..schema import TrainConfig
+from ..schema.trial import PACK_MEMBER_FIELDS
 from .data.splits import DatasetSplits, take
 from .engine.batching import to_device
 from .engine.optimizers import make_optimizer
@@ -31,11 +32,9 @@ from .engine.packed_layers import load_member, pack_models, packing_problems
 from .engine.packed_step import PackedDPEngine, PackedOptimizer
 from .training import Trainer, divergence, epoch_epsilons, norm_metrics, plan_privacy
 
-#: What may differ between the members of a pack; every other option is shared.
-MEMBER_OPTIONS = ("clip_bound", "learning_rate", "epsilon", "noise_multiplier")
 
-#: Called after every epoch with (member index, its metrics, its history).
-MemberReport = Callable[[int, dict, list], None]
+#: Called after every epoch with each member's metrics of that epoch (None: retired before it).
+EpochReport = Callable[[list], None]
 
 
 def pack_refusal(cfg: TrainConfig) -> str | None:
@@ -58,11 +57,11 @@ class PackTrainer:
         for cfg in self.cfgs:
             why = pack_refusal(cfg)
             if why is not None:
-                raise UserError(f"cannot pack this configuration: {why}; set trial.pack: off")
+                raise UserError(f"cannot pack this configuration: {why}; set search.pack: off")
         differing = sorted({k for cfg in self.cfgs[1:] for k, v in cfg.to_dict().items()
-                            if k not in MEMBER_OPTIONS and v != self.cfgs[0].to_dict()[k]})
+                            if k not in PACK_MEMBER_FIELDS and v != self.cfgs[0].to_dict()[k]})
         if differing:
-            raise UserError(f"the members of a pack may differ only in {', '.join(MEMBER_OPTIONS)}; "
+            raise UserError(f"the members of a pack may differ only in {', '.join(PACK_MEMBER_FIELDS)}; "
                             f"these differ too: {', '.join(differing)}")
         # the first member's trainer: the data, the streams, the initial weights every member starts
         # from, the sampler, the task; its model then serves as the unpacked copy each member is evaluated on
@@ -70,7 +69,7 @@ class PackTrainer:
         problems = packing_problems(self.lead.model)
         if problems:
             raise UserError(f"model {self.cfgs[0].model!r} cannot be packed: no packed form for "
-                            f"{', '.join(problems)}; set trial.pack: off")
+                            f"{', '.join(problems)}; set search.pack: off")
         self.members = len(self.cfgs)
         self.plans = [self.lead.plan] + [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs[1:]]   # σ once each
         self.model = pack_models([self.lead.model] * self.members)
@@ -144,21 +143,24 @@ class PackTrainer:
             out.append(metrics)
         return out
 
-    def fit(self, report: MemberReport | None = None, progress: tqdm | None = None, *,
+    def fit(self, report: EpochReport | None = None, progress: tqdm | None = None, *,
             state: dict | None = None) -> list[list[dict]]:
-        """Train every member to step T (or until it is retired), calling ``report(k, metrics,
-        history)`` after each epoch of each active member; a member whose loss stops being finite
-        is recorded as diverged (``errors[k]``) and retired. ``state`` (a :meth:`state_dict`)
-        resumes a pack where it was saved. Returns the members' histories."""
+        """Train every member to step T (or until it is retired), calling ``report(metrics)`` after
+        each epoch with every member's metrics of that epoch (None for a member retired before it);
+        a member whose loss stops being finite is recorded as diverged (``errors[k]``) and retired
+        before the report. ``state`` (a :meth:`state_dict`) resumes a pack where it was saved; one
+        restored at its end reports its members' last epochs again, so its caller sees a final
+        result. Returns the members' histories."""
         if state is not None:
             self.load_state_dict(state)
+            if self.done and report is not None:
+                report([h[-1] if h else None for h in self.histories])
         while not self.done:
-            for k, metrics in enumerate(self.run_epoch(progress)):
+            epoch = self.run_epoch(progress)
+            for k, metrics in enumerate(epoch):
                 if metrics is None:
                     continue
                 self.histories[k].append(metrics)
-                if report is not None:
-                    report(k, metrics, self.histories[k])
                 why = divergence(metrics)
                 if why is not None:
                     self.retire(k, why)
@@ -166,6 +168,8 @@ class PackTrainer:
                         for p in self.model.parameters():
                             if p.requires_grad:
                                 p[k].zero_()
+            if report is not None:
+                report(epoch)
         return self.histories
 
     def state_dict(self) -> dict:

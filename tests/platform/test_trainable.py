@@ -17,11 +17,11 @@ def test_plan_mismatch_is_refused():
     trainer = Trainer(TrainConfig(dataset="digits", model="mlp", epsilon=2.0, epochs=1, batch_size=100,
                                   noise_multiplier=1.0, model_options={"hidden": 8}))
     good = {"sample_rate": 100 / 1437, "steps": 15}
-    check_plan(good, trainer)
+    check_plan(good, trainer.plan)
     with pytest.raises(ValueError, match="noise multiplier does not give the stated"):
-        check_plan({**good, "steps": 30}, trainer)  # planned for twice the data
+        check_plan({**good, "steps": 30}, trainer.plan)  # planned for twice the data
     with pytest.raises(ValueError, match="q="):
-        check_plan({**good, "sample_rate": 0.05}, trainer)
+        check_plan({**good, "sample_rate": 0.05}, trainer.plan)
 
 
 def test_an_incomplete_checkpoint_restores_nothing(tmp_path, capsys):

@@ -16,7 +16,7 @@ TOY_N = 200
 @pytest.fixture
 def catalog() -> Catalog:
     return Catalog(datasets=("toy",), backbones=("mlp", "cnn"), dataset_size=lambda name: TOY_N,
-                   check_trial_option=check_option)
+                   check_trial_option=check_option, packable=("mlp", "cnn"))
 
 
 def _toy_spec(**overrides) -> dict:

@@ -1,6 +1,7 @@
 """The levers on by default where they are safe (issue 33, item 1): which a spec gets when it names
 none, why each is off where it cannot apply, each turned off by name; where a scheduler can decide
 (checked against Ray Tune's own ASHA bracket); and the plan's estimate of what they save."""
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -24,15 +25,15 @@ def bare(toy_spec, **overrides) -> dict:
 
 
 def levers(spec, catalog) -> dict:
-    space = with_levers(SearchSpace.from_spec(load_spec(spec, catalog)))
+    space = with_levers(SearchSpace.from_spec(load_spec(spec, catalog)), catalog.packable)
     return space, {lever.key: lever for lever in space.levers}
 
 
-def test_a_spec_that_names_no_lever_gets_all_three_where_safe(catalog, toy_spec):
+def test_a_spec_that_names_no_lever_gets_all_four_where_safe(catalog, toy_spec):
     space, got = levers(bare(toy_spec), catalog)            # ε ∈ {1, 4}, one seed, grid
     assert all(lever.on for lever in got.values())
     assert space.search.scheduler == DEFAULT_SCHEDULER and space.search.scheduler.grace_steps == 20
-    assert space.search.proxy_divisor == "auto" and space.search.transfer_radius == 1
+    assert space.search.proxy_divisor == "auto" and space.search.transfer_radius == 1 and space.search.pack
     assert "on by default" in got["scheduler"].why and "scheduler: none" in got["scheduler"].why
 
 
@@ -54,13 +55,30 @@ def test_several_seeds_keep_multi_fidelity_but_not_proxies_nor_transfer(catalog,
     ({"transfer": "off"}, "transfer", "named off in the spec"),
     ({"algorithm": "random", "budget": 3}, "transfer", "grid searches only (random)"),
     ({"algorithm": "optuna", "budget": 3}, "transfer", "warm_start is its transfer"),
+    ({"algorithm": "optuna", "budget": 3, "transfer": "off"}, "pack", "TPE proposes one configuration at a time"),
+    ({"pack": "off"}, "pack", "named off in the spec"),
+    ({"pack": False}, "pack", "named off in the spec"),
 ])
 def test_each_lever_is_off_by_name_or_where_it_cannot_apply(catalog, toy_spec, search, off, why):
     space, got = levers({**toy_spec(), "search": search}, catalog)
     assert not got[off].on and why in got[off].why
-    assert all(lever.on for key, lever in got.items() if key != off)
+    optuna = search.get("algorithm") == "optuna"   # neither transfer nor packs: both are named in one case
+    assert all(lever.on for key, lever in got.items() if key != off and not (optuna and key in ("transfer", "pack")))
     assert {"scheduler": space.search.scheduler.name == "none", "proxy": space.search.proxy_divisor == 1,
-            "transfer": space.search.transfer_radius is None}[off]
+            "transfer": space.search.transfer_radius is None, "pack": not space.search.pack}[off]
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(axes={"epsilon": [1, 4], "backbone": "resnet", "dataset": "toy", "epochs": 2}),
+     "a pack has no batched form of every layer of resnet"),
+    (dict(trial={"denoise": "rmt"}), "denoise: not supported in a pack"),
+    (dict(axes={"epsilon": [1, 4], "backbone": {"name": "mlp", "peft": "full"}, "dataset": "toy", "epochs": 2}),
+     "mlp[peft=full]"),
+])
+def test_packs_are_off_for_a_backbone_or_an_option_a_pack_cannot_batch(catalog, toy_spec, change, why):
+    catalog = dataclasses.replace(catalog, backbones=("mlp", "cnn", "resnet"))
+    _, got = levers(bare(toy_spec, **change), catalog)
+    assert not got["pack"].on and why in got["pack"].why
 
 
 def test_one_private_eps_has_nothing_to_transfer(catalog, toy_spec):

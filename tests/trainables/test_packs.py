@@ -14,11 +14,12 @@ from torch import nn
 from dptune.errors import UserError
 from dptune.schema import TrainConfig
 from dptune.trainables import DPEngine
-from dptune.trainables.engine.packed_layers import pack_models
+from dptune.trainables.engine.packed_layers import pack_models, packing_problems
 from dptune.trainables.engine.packed_step import PackedDPEngine
 from dptune.trainables.engine.randomness import SeededStream
 from dptune.trainables.models.catalog import create_model
 from dptune.trainables.pack_training import PackTrainer
+from dptune.trainables.registries import PACKABLE_MODELS
 from dptune.trainables.training import Trainer
 
 from dptune.trainables.tasks import completion_nll
@@ -215,10 +216,10 @@ def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_on
     first = PackTrainer(cfgs)
     first.retire(1, "stopped by the scheduler")
 
-    def report(k: int, metrics: dict, history: list) -> None:
-        if k == 2:   # the last member's report of the epoch: its checkpoint, then the kill
-            torch.save(first.state_dict(), saved)
-            raise Killed
+    def report(epoch: list) -> None:   # the epoch's report: its checkpoint, then the kill
+        assert epoch[1] is None and [m["epoch"] for m in (epoch[0], epoch[2])] == [1, 1]
+        torch.save(first.state_dict(), saved)
+        raise Killed
 
     with pytest.raises(Killed):
         first.fit(report)
@@ -232,3 +233,22 @@ def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_on
     assert [[m["epoch"] for m in h] for h in resumed.histories] == [[1, 2], [], [1, 2]]
     assert [[m["test_accuracy"] for m in h] for h in resumed.histories] == \
         [[m["test_accuracy"] for m in h] for h in whole.histories]
+
+
+#: Inputs each packable backbone is built for (the shape its registry entry is given by the trainer).
+PACKABLE_INPUTS = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "wrn16_4": (3, 32, 32), "all-MiniLM-L6-v2": (16,),
+                   "smollm2-135m": (16,)}
+
+
+@pytest.mark.parametrize("name", PACKABLE_MODELS)
+def test_every_backbone_declared_packable_has_a_packed_form_of_every_trainable_layer(name):
+    """The sweep packs the backbones of ``PACKABLE_MODELS`` by default (search_spaces/levers.py):
+    each, built with its default peft, has nothing a pack cannot batch (pretrained weights random
+    where the real ones are not here: the modules are the same)."""
+    from dptune.trainables.registries import MODELS, PAPER_VITS
+
+    options = {"weights": "random"} if name in PAPER_VITS else {}
+    shape = (3, 224, 224) if name in PAPER_VITS else PACKABLE_INPUTS[name]
+    model = MODELS.get(name)(num_classes=4, input_shape=shape, **options)
+    assert packing_problems(model) == []
+    assert any(p.requires_grad for p in model.parameters())

@@ -138,7 +138,7 @@ def test_the_planner_calibrates_for_the_examples_trained_on():
     assert plan.cells[0].dataset_size == 1437 - math.ceil(0.1 * 1437)
     trial = plan.cells[0].trials()[0]
     assert trial["validation_fraction"] == 0.1
-    check_plan(plan_figures(trial), Trainer(train_config(trial)))   # q and T are the trainer's
+    check_plan(plan_figures(trial), Trainer(train_config(trial)).plan)   # q and T are the trainer's
 
 
 def test_validation_split_of_a_tokenised_set_reads_labels_without_inputs():

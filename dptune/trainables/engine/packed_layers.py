@@ -175,7 +175,7 @@ def pack_models(models: Sequence[nn.Module]) -> nn.Module:
     problems = packing_problems(models[0])
     if problems:
         raise UserError("model cannot be packed (no packed form for these modules with trainable parameters: "
-                        f"{', '.join(problems)}); set trial.pack: off")
+                        f"{', '.join(problems)}); set search.pack: off")
     packed = copy.deepcopy(models[0])
     for name in _owners(models[0]):
         layers = [m.get_submodule(name) for m in models]

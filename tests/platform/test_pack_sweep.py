@@ -1,0 +1,86 @@
+"""Packed trials in a sweep (issue 36, part 2): configurations that differ only in C, η and ε run as
+one Ray Tune trial; each member is still one row in the store with its own status and curve, equal
+to the same sweep run unpacked (the independent reference: every configuration its own trial); a
+diverging member is recorded with its message while the others finish; the scheduler stops members
+alone, as Ray Tune's own ASHA decides on the members' results."""
+import math
+
+import pandas as pd
+import pytest
+from ray.tune.schedulers.async_hyperband import _Bracket
+
+from dptune.platform.launcher import RunSettings
+from dptune.platform.store import ResultsStore
+from dptune.platform.sweep import run_sweep
+from sweep_plans import digits_spec, plan_of
+
+
+def rows_of(tmp_path, name: str, spec: dict):
+    settings = RunSettings(experiment=name, storage=str(tmp_path), max_failures=0, verbose=0)
+    outcome = run_sweep(plan_of(spec), settings)
+    store = ResultsStore(settings.paths.store)
+    return outcome, store.table("trials").set_index("config_id"), store.table("epochs")
+
+
+def test_a_packed_sweep_records_every_member_as_the_sweep_run_apart(local_ray, tmp_path, capsys):
+    # two ε × two C × η multipliers {1, 1e38} at one B and seed; clip-equivalence hands out each (B, η)'s
+    # larger C first, so two packs of four (C = 2, then C = 0.5); the 4 with η × 1e38 diverge
+    spec = dict(epsilon=[2.0, 8.0], batch_size=[64], clip_bound=[0.5, 2.0], multipliers=[1.0, 1e38], epochs=2,
+                model_options={"hidden": 32})
+    packed, rows, epochs = rows_of(tmp_path, "packed", digits_spec(**spec, search={"pack": "on"}))
+    apart, reference, reference_epochs = rows_of(tmp_path, "apart", digits_spec(**spec))
+    assert len(packed.results) == 2 and len(apart.results) == 8     # two Ray Tune trials against eight
+    assert (packed.finished, packed.errored) == (apart.finished, apart.errored) == (4, 4)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert sum(" finished " in line for line in lines) == 8 and sum(" ERRORED " in line for line in lines) == 8
+
+    assert sorted(rows.index) == sorted(reference.index) and rows.trial_id.is_unique
+    assert rows.trial_id.str.fullmatch(r".+-m[0-7]").all()
+    for config_id, row in rows.iterrows():
+        alone = reference.loc[config_id]
+        assert row.status == alone.status
+        assert (row.epsilon, row.clip_bound, row.learning_rate, row.batch_size) == \
+            (alone.epsilon, alone.clip_bound, alone.learning_rate, alone.batch_size)
+        assert row.noise_multiplier == alone.noise_multiplier and row.steps == alone.steps
+        mine = epochs[epochs.trial_id == row.trial_id].sort_values("epoch")
+        theirs = reference_epochs[reference_epochs.trial_id == alone.trial_id].sort_values("epoch")
+        assert list(mine.epoch) == list(theirs.epoch)
+        if row.status == "error":
+            assert row.learning_rate > 1e37 and "loss became" in row.error and "loss became" in alone.error
+            continue
+        assert pd.isna(row.error) and row.step == row.steps
+        assert row.accuracy == pytest.approx(alone.accuracy, abs=1 / 360)
+        assert row.loss == pytest.approx(alone.loss, rel=1e-4)
+        assert row.epsilon_spent == alone.epsilon_spent <= row.epsilon
+        assert row.clipped_fraction == pytest.approx(alone.clipped_fraction, abs=2e-3)
+        assert list(mine.accuracy) == pytest.approx(list(theirs.accuracy), abs=1 / 360)
+
+
+def test_the_scheduler_stops_members_of_a_pack_alone_as_ray_tunes_asha_decides(local_ray, tmp_path):
+    # one cell, one B: four members in one ASHA group; rungs at 10 and 20 steps (epoch ends 12 and 23 of 34)
+    spec = digits_spec(epsilon=[4.0], batch_size=[128], multipliers=[0.5, 2.0, 8.0, 32.0], epochs=3,
+                       model_options={"hidden": 32},
+                       search={"pack": "on", "scheduler": {"name": "asha", "grace_steps": 10, "reduction_factor": 2}})
+    outcome, rows, epochs = rows_of(tmp_path, "asha", spec)
+    assert len(outcome.results) == 1 and outcome.errored == 0
+    assert set(rows.status) == {"finished", "stopped"}
+    order = rows.sort_values("trial_id")          # members report in their order within each epoch
+    # Ray Tune's own ASHA bracket, fed each member's result at each epoch end, takes the same decisions
+    bracket = _Bracket(min_t=10, max_t=2**31, reduction_factor=2, s=0)
+    alive = list(order.trial_id)
+    for epoch in (1, 2, 3):
+        for trial_id in list(alive):
+            at = epochs[(epochs.trial_id == trial_id) & (epochs.epoch == epoch)]
+            assert len(at) == 1, (trial_id, epoch)
+            row = at.iloc[0]
+            decision = bracket.on_result(type("T", (), {"trial_id": trial_id})(), row.step, row.accuracy)
+            if decision == "STOP" and row.step < order.set_index("trial_id").steps[trial_id]:
+                alive.remove(trial_id)
+                assert epochs[epochs.trial_id == trial_id].epoch.max() == epoch   # it stopped here, alone
+    stopped = set(order[order.status == "stopped"].trial_id)
+    assert stopped == set(order.trial_id) - set(alive) and 0 < len(stopped) < 4
+    for row in order.itertuples():
+        if row.status == "stopped":
+            assert row.step < row.steps and row.epsilon_spent < row.epsilon
+        else:
+            assert row.step == row.steps and not math.isnan(row.accuracy)
