@@ -119,11 +119,14 @@ class PerCellScheduler(FIFOScheduler):
         return decision
 
     def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
+        completed = False
         for member in members(trial):
             inner = self._inner(member)
             if inner is not None and member.trial_id in getattr(inner, "_trial_info", {member.trial_id: None}):
                 inner.on_trial_complete(tune_controller, member, member.last_result if member is not trial else result)
-                self._save()
+                completed = True
+        if completed:   # one write of the state for a pack's members
+            self._save()
 
     def on_trial_error(self, tune_controller, trial: Trial) -> None:
         for member in members(trial):
