@@ -188,6 +188,8 @@ def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = (), metric:
                      f"{int(r['indistinguishable'])} setting(s) not distinguishable from it, C in "
                      f"[{fmt(r['clip_bound_min'])}, {fmt(r['clip_bound_max'])}], B in "
                      f"[{fmt(r['batch_size_min'])}, {fmt(r['batch_size_max'])}]")
+        if r.get("grid_edge"):
+            line += f"; on the edge of the grid searched ({r['grid_edge']}): the optimum may lie beyond it"
         lines.append(line)
     return lines + list(comparisons)
 
@@ -383,7 +385,7 @@ def _optima_section(a: Analysis) -> str:
                "T": _cell_text(r.get("steps")),
                "σ√T": _cell_text(r.get("noise_sqrt_steps")) if r["private"] else "0",
                "clipped": _acc(r.get("clipped_fraction")) if r["private"] else "—",
-               "non-private": _acc(baseline)}
+               "non-private": _acc(baseline), "on the grid's edge": r.get("grid_edge") or "—"}
         if a.fixed_cost is not None:
             fixed = a.fixed_cost[a.fixed_cost["cell_name"] == r["cell_name"]]
             row["at fixed (C, B)"] = _acc(fixed["fixed_accuracy"].iloc[0]) if len(fixed) else "—"
@@ -396,7 +398,7 @@ def _optima_section(a: Analysis) -> str:
              f"of that setting. Non-private: the {html.escape(a.sweep.metric_name)} of the same cell without DP. Error bars (several seeds): "
              f"the t-interval of the best setting's mean, and the settings a one-sided paired t-test over seeds "
              f"(α = {ALPHA:g}) cannot tell from the best, with their range of C (outlined on the heatmaps).</p>",
-             _table(pd.DataFrame(rows))]
+             _table(pd.DataFrame(rows), wrap=("on the grid's edge",))]
     if a.comparisons:
         parts.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in a.comparisons) + "</ul>")
     if a.fixed_cost is not None:

@@ -206,8 +206,32 @@ class Sweep:
         if per_setting.empty:
             return per_setting.assign(private=pd.Series(dtype=bool))
         best = per_setting.loc[per_setting.groupby("cell_name")["score"].idxmax()]
+        best = best.assign(grid_edge=[self.grid_edge(r) for _, r in best.iterrows()])
         cells = self.cells()
         return cells.merge(best, on="cell_name", how="left")
+
+    def grid_edge(self, optimum: pd.Series) -> str:
+        """Which of an optimum's C, B, η is the smallest or largest value its cell tried ("" if
+        none): η among those tried at its (C, B), C among those at its B, B among the cell's. Every
+        trial counts, errored ones too (a larger η that diverged brackets the optimum). An optimum
+        on the edge of what was searched may lie beyond it: the grid, not the problem, chose it."""
+        cell = self.trials[self.trials["cell_name"] == optimum["cell_name"]]
+        at_b = cell[np.isclose(cell["batch_size"], optimum["batch_size"])]
+        slices = [("B", cell, "batch_size")]
+        if not pd.isna(optimum["clip_bound"]):
+            slices.append(("C", at_b, "clip_bound"))
+            at_b = at_b[np.isclose(at_b["clip_bound"], optimum["clip_bound"])]
+        slices.append(("η", at_b, "learning_rate"))
+        edges = []
+        for label, tried, column in slices:
+            values = np.unique(tried[column].dropna().to_numpy(dtype=float))
+            if len(values) < 2:
+                continue
+            if np.isclose(optimum[column], values[-1]):
+                edges.append(f"{label} the largest of {len(values)} tried")
+            elif np.isclose(optimum[column], values[0]):
+                edges.append(f"{label} the smallest of {len(values)} tried")
+        return "; ".join(edges)
 
     def fixed_setting_cost(self, clip_bound: float | None = None,
                            batch_size: float | None = None) -> tuple[tuple[float, float], pd.DataFrame]:

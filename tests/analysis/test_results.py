@@ -248,3 +248,39 @@ def test_the_summary_table_fits_a_1300_pixel_page(tmp_path):
     dom = run_headless(tmp_path, page, "--window-size=1300,2000", "--virtual-time-budget=3000", "--dump-dom").stdout
     width, room = map(int, re.search(r"<title>(\d+) (\d+)</title>", dom).groups())
     assert 600 < width <= room
+
+
+def test_optima_on_the_grids_edge_are_flagged(store, tmp_path):
+    """Each planted optimum sits on the edge of the grid in some axes; the flags name exactly
+    those, by brute force over the planted grid, and the optimum's closing line says so."""
+    optima = Sweep.from_store(store).optima().set_index("cell_name")
+    for eps, setting in OPTIMA.items():
+        expected = []
+        for label, value, grid in zip(("B", "C", "η"), (setting[1], setting[0], setting[2]), (BS, CS, LRS)):
+            if value == max(grid):
+                expected.append(f"{label} the largest of {len(grid)} tried")
+            elif value == min(grid):
+                expected.append(f"{label} the smallest of {len(grid)} tried")
+        assert optima.loc[f"digits · mlp · ε={eps:g} · 2 epochs", "grid_edge"] == "; ".join(expected)
+    assert optima.loc["digits · mlp · ε=∞ (non-private) · 2 epochs", "grid_edge"] == ""   # one setting: no grid
+    out = io.StringIO()
+    write_heatmaps(store, tmp_path / "figs", out=out)
+    line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("digits · mlp · ε=1 · 2 epochs"))
+    assert "on the edge of the grid searched (C the largest of 3 tried; η the largest of 3 tried)" in line
+
+
+def test_a_diverged_larger_eta_brackets_the_optimum(tmp_path):
+    """η = 2 is the best finished η, but η = 4 was tried and diverged: not on the edge. Remove the
+    diverged trial and η = 2 is the largest tried."""
+    rows = [trial(f"t{k}", learning_rate=lr, accuracy=acc, clip_bound=c)
+            for k, (c, lr, acc) in enumerate([(0.5, 1.0, 0.6), (0.5, 2.0, 0.7), (1.0, 1.0, 0.5), (1.0, 2.0, 0.55),
+                                              (2.0, 1.0, 0.5), (2.0, 2.0, 0.52)])]
+    diverged = trial("div", learning_rate=4.0, clip_bound=0.5, status="error", error="loss became nan", accuracy=None)
+    with_div = ResultsStore(str(tmp_path / "a"))
+    for row in rows + [diverged]:
+        with_div.write_trial(row)
+    without = ResultsStore(str(tmp_path / "b"))
+    for row in rows:
+        without.write_trial(row)
+    assert Sweep.from_store(with_div).optima()["grid_edge"].tolist() == ["C the smallest of 3 tried"]
+    assert Sweep.from_store(without).optima()["grid_edge"].tolist() == ["C the smallest of 3 tried; η the largest of 2 tried"]
