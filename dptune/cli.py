@@ -221,12 +221,14 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
     from .platform.catalog import trainables_catalog
     from .platform.layout import DEFAULT_SPEC
+    from .platform.packs import PackPolicy
     from .search_spaces import format_plan, load_spec, plan_sweep
 
     catalog = trainables_catalog()  # torch-free: lazy registries, sizes from metadata
     spec = load_spec(args.spec or DEFAULT_SPEC, catalog)
     plan = plan_sweep(spec, catalog, workers=args.workers, progress=not args.quiet, strict=False)
-    print(format_plan(plan), file=out)
+    packing = PackPolicy.for_sweep(plan.space.search, spec["resources"])
+    print(format_plan(plan, pack_line=packing.cell_line if packing else None), file=out)
     if plan.empty_cells:
         print(f"dptune plan: error: {len(plan.empty_cells)} cell(s) keep no batch size; the sweep would refuse "
               "this spec", file=sys.stderr)

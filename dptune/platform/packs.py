@@ -22,13 +22,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import ray
 from ray import tune
 
 from ..schema.trial import PACK_MEMBER_FIELDS
 from .records import stopped_early
+
+if TYPE_CHECKING:
+    from ..search_spaces.planner import CellPlan
+    from ..search_spaces.search_sections import Search
+    from .spec_sections import Resources
 
 #: The key of a pack's Ray Tune config: its members' trial configs.
 PACK = "pack"
@@ -54,16 +59,47 @@ class PackPolicy:
     max_batch_size: int | None = CPU_MAX_BATCH_SIZE
 
     @classmethod
-    def for_resources(cls, gpu: float) -> "PackPolicy":
-        """Any B on a GPU; B ≤ :data:`CPU_MAX_BATCH_SIZE` on a CPU."""
-        return cls(max_batch_size=None if gpu > 0 else CPU_MAX_BATCH_SIZE)
+    def for_sweep(cls, search: "Search", resources: "Resources") -> "PackPolicy | None":
+        """The sweep's policy (None: nothing is packed: the lever is off, or trials span several
+        workers): any B on a GPU, B ≤ :data:`CPU_MAX_BATCH_SIZE` on a CPU; at most
+        ``search.pack: N`` members (default :data:`MAX_MEMBERS`)."""
+        if not search.pack or resources.workers > 1:
+            return None
+        return cls(max_members=search.pack_members or MAX_MEMBERS,
+                   max_batch_size=None if resources.gpu > 0 else CPU_MAX_BATCH_SIZE)
+
+    def refusal(self, config: dict) -> str | None:
+        """Why a trial config runs alone, not in a pack (None: it may share one)."""
+        if not math.isfinite(float(config.get("epsilon", math.inf))):
+            return "non-private: no clipping to pack"
+        for option in ("denoise", "diagnostics"):
+            if config.get(option):
+                return f"{option} is not supported in a pack"
+        if config.get("score_noise") is not None:
+            return "private selection's noisy score has no packed path"
+        if self.max_batch_size is not None and int(config.get("batch_size", 0)) > self.max_batch_size:
+            return f"B > {self.max_batch_size} on a CPU, where a pack does not pay"
+        return None
 
     def packable(self, config: dict) -> bool:
-        if not math.isfinite(float(config.get("epsilon", math.inf))):
-            return False
-        if config.get("denoise") or config.get("diagnostics") or config.get("score_noise") is not None:
-            return False
-        return self.max_batch_size is None or int(config.get("batch_size", 0)) <= self.max_batch_size
+        return self.refusal(config) is None
+
+    def cell_line(self, plan: "CellPlan") -> str:
+        """What a cell packs, for ``dptune plan``: which B train in packs (of how many at most) and
+        why the others run alone."""
+        reasons: dict[str, list[int]] = {}
+        packed = []
+        for b in plan.searched_batch_sizes:
+            config = {"epsilon": plan.cell.epsilon, "batch_size": b, **plan.space.trial.fixed}
+            why = self.refusal(config)
+            if why is None:
+                packed.append(b)
+            else:
+                reasons.setdefault(why, []).append(b)
+        parts = ([f"B={', '.join(map(str, packed))}: configurations that differ only in C, η (and ε) "
+                  f"train together, ≤ {self.max_members} per pack"] if packed else [])
+        parts += [f"B={', '.join(map(str, bs))}: each alone ({why})" for why, bs in reasons.items()]
+        return "  packs: " + "; ".join(parts)
 
 
 def pack_key(config: dict) -> str:

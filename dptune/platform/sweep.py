@@ -80,7 +80,8 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
     else:
         plan = plan_sweep(spec, trainables_catalog(), progress=progress, draw=True)
     mark("planned", ray_started=ray.is_initialized())
-    print(format_plan(plan, dry_run=False), file=out)
+    packing = PackPolicy.for_sweep(plan.space.search, settings.resources)
+    print(format_plan(plan, dry_run=False, pack_line=packing.cell_line if packing else None), file=out)
     for note in plan.notes:
         print(f"note: {note}", file=out)
     return plan, settings
@@ -93,7 +94,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
     start_ray(address)
     scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode=plan.mode)
-    packing = PackPolicy.for_resources(settings.resources.gpu) if settings.resources.workers == 1 else None
+    packing = PackPolicy.for_sweep(plan.space.search, settings.resources)
     searcher = SweepSearcher(plan, metric=plan.metric, mode=plan.mode, on_equivalent=EquivalenceLog(settings.paths.absolute()),
                              pack=packing)
     tuner = tune.Tuner(

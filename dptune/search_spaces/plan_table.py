@@ -1,6 +1,8 @@
 """Text rendering of a sweep plan for ``dptune plan``: one table per cell, then the totals."""
 from __future__ import annotations
 
+from typing import Callable
+
 from .planner import CellPlan, SweepPlan
 from .proxy import MAX_AUTO_DIVISOR, MIN_AUTO_PROXY_BATCH, MIN_PROXY_SIGMA
 
@@ -122,10 +124,11 @@ def _selection_lines(plan: CellPlan) -> list[str]:
     return lines
 
 
-def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
+def format_plan(plan: SweepPlan, *, dry_run: bool = True, pack_line: Callable[[CellPlan], str] | None = None) -> str:
     """The whole plan: settings, a table per cell and the totals. * marks the recommended B.
     ``dry_run`` (`dptune plan`) ends the totals with "Nothing was launched."; a sweep prints the
-    plan it is about to launch without it."""
+    plan it is about to launch without it. ``pack_line``: what a cell packs (the platform's packed
+    trials, when on)."""
     space = plan.space
     a, lr, pr = space.axes, space.learning_rate, space.pruning
     dims = [len(a.epsilon), len(a.backbone), len(a.dataset), len(a.epochs)]
@@ -163,7 +166,7 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True) -> str:
     sources = plan.transfer_sources()
     for i, cell in enumerate(plan.cells, 1):
         source = plan.cells[sources[i - 1]] if i - 1 in sources else None
-        out += [format_cell(cell, i, len(plan.cells), source), ""]
+        out += [format_cell(cell, i, len(plan.cells), source), *([pack_line(cell)] if pack_line else []), ""]
     steps, examples = plan.expected_cost
     approx, upto = ("≈", "≤ ") if space.search.algorithm == "optuna" else ("", "")
     saving = ""

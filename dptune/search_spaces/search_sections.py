@@ -160,9 +160,10 @@ class Search:
     #: previous cell's best (η moved by ε_new/ε_old first with ``lr_scaling: linear``); None: off
     transfer_radius: int | None = None
     transfer_lr_scaling: str = "none"
-    #: packed trials (``pack: on | off``): configurations that differ only in C, η and ε train as one
-    #: batched model (:mod:`dptune.platform.packs`)
+    #: packed trials (``pack: on | off | N``): configurations that differ only in C, η and ε train as
+    #: one batched model (:mod:`dptune.platform.packs`); N: at most N members per pack (None: the default)
     pack: bool = False
+    pack_members: int | None = None
     #: the levers (scheduler, proxy, transfer, pack) the spec named; the others are decided by
     #: :func:`~.levers.resolve_levers` (on by default where they are safe)
     named: frozenset = frozenset(("scheduler", "proxy", "transfer", "pack"))
@@ -480,7 +481,7 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
                   integer(raw.get("seed", 0), "search.seed", ge=0),
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
                   parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling,
-                  parse_pack(raw.get("pack")), frozenset(k for k in ("scheduler", "proxy", "transfer", "pack") if k in raw))
+                  *parse_pack(raw.get("pack")), frozenset(k for k in ("scheduler", "proxy", "transfer", "pack") if k in raw))
 
 
 TRANSFER_LR_SCALINGS = ("none", "linear")
@@ -513,13 +514,18 @@ def parse_proxy(value: Any) -> int | str:
     return integer(value, "search.proxy.batch_divisor", ge=1)
 
 
-def parse_pack(value: Any) -> bool:
-    """``search.pack: on | off`` (``true``/``false`` too): whether configurations train in packs."""
-    if value in (True, "on"):
-        return True
-    if value is None or value is False or value in OFF:
-        return False
-    raise SpecError(f"search.pack: must be on or off; got {value!r}")
+def parse_pack(value: Any) -> tuple[bool, int | None]:
+    """``search.pack: on | off | N`` (``true``/``false`` too): whether configurations train in packs,
+    and at most how many in one (N ≥ 2; None: the platform's default)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value >= 2:
+            return True, value
+    elif value is True or value == "on":
+        return True, None
+    elif value is None or value is False or value in OFF:
+        return False, None
+    raise SpecError(f"search.pack: must be on, off or the most members of one pack (a whole number >= 2); "
+                    f"got {value!r}")
 
 
 @register_section("seeds", default=[0], summary="training seeds")

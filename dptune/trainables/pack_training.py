@@ -28,11 +28,15 @@ from ..schema.trial import PACK_MEMBER_FIELDS
 from .data.splits import DatasetSplits, take
 from .engine.batching import to_device
 from .engine.optimizers import make_optimizer
+from .engine.book_keeping import free_memory
+from .engine.pack_memory import MEMORY_SHARE, estimate
 from .engine.packed_layers import load_member, pack_models, packing_problems
 from .engine.packed_step import PackedDPEngine, PackedOptimizer
 from .training import Trainer, divergence, epoch_epsilons, norm_metrics, plan_privacy
 
 
+#: Training examples the memory estimate runs a forward of (:func:`.engine.pack_memory.estimate`).
+MEMORY_SAMPLE = 8
 #: Called after every epoch with each member's metrics of that epoch (None: retired before it).
 EpochReport = Callable[[list], None]
 
@@ -50,7 +54,10 @@ def pack_refusal(cfg: TrainConfig) -> str | None:
 class PackTrainer:
     """State and loop of a pack of configurations (see the module docstring)."""
 
-    def __init__(self, cfgs: list[TrainConfig], data: DatasetSplits | None = None) -> None:
+    def __init__(self, cfgs: list[TrainConfig], data: DatasetSplits | None = None,
+                 memory_budget: float | None = None) -> None:
+        """``memory_budget``: the bytes the pack may plan to use (None: :data:`MEMORY_SHARE` of the
+        device's free memory once the lead is built); passes are split so the pack stays within it."""
         if not cfgs:
             raise UserError("a pack needs at least one configuration")
         self.cfgs = [cfg.validate() for cfg in cfgs]
@@ -71,14 +78,26 @@ class PackTrainer:
             raise UserError(f"model {self.cfgs[0].model!r} cannot be packed: no packed form for "
                             f"{', '.join(problems)}; set search.pack: off")
         self.members = len(self.cfgs)
+        lead = self.lead.cfg
+        sample = take(self.lead.data.train, torch.arange(min(MEMORY_SAMPLE, len(self.lead.data.train))))
+        self.memory = estimate(self.lead.model, self.lead.task.loss, to_device(sample[0], self.lead.device),
+                               sample[1].to(self.lead.device), optimizer=lead.optimizer, momentum=lead.momentum,
+                               weight_decay=lead.weight_decay)
+        free = free_memory(self.lead.device)
+        budget = MEMORY_SHARE * free if memory_budget is None else memory_budget
+        budget_is = (f"{MEMORY_SHARE:.0%} of the free memory of {self.lead.device}" if memory_budget is None
+                     else "the memory budget given")
+        #: rows of one packed pass: the members' examples together, within the memory budget
+        self.rows_per_pass = self.members * self.memory.plan(self.members, budget, lead.model, budget_is)
+        if lead.max_physical_batch_size is not None:
+            self.rows_per_pass = min(self.rows_per_pass, lead.max_physical_batch_size)
         self.plans = [self.lead.plan] + [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs[1:]]   # σ once each
         self.model = pack_models([self.lead.model] * self.members)
-        lead = self.lead.cfg
         self.engine = PackedDPEngine(
             self.model, self.lead.task.loss, members=self.members, clip_bounds=[c.clip_bound for c in self.cfgs],
             noise_multipliers=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
             norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
-            max_physical_batch_size=lead.max_physical_batch_size, noise=self.lead.streams["noise"],
+            max_physical_batch_size=self.rows_per_pass, noise=self.lead.streams["noise"],
             shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"])
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = PackedOptimizer(

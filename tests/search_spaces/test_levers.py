@@ -7,6 +7,9 @@ from types import SimpleNamespace
 import pytest
 from ray.tune.schedulers.async_hyperband import _Bracket
 
+from dptune.search_spaces.spec import SpecError
+from dptune.platform.packs import PackPolicy
+from dptune.platform.spec_sections import Resources
 from dptune.privacy.schedule import epoch_end_steps
 from dptune.search_spaces import SearchSpace, load_spec, plan_sweep
 from dptune.search_spaces.levers import DEFAULT_SCHEDULER, decision_steps, halving_steps, with_levers
@@ -170,3 +173,24 @@ def test_the_estimate_keeps_all_seeds_of_the_survivors(catalog, toy_spec):
         expected += (total + 2 * alive * steps if rungs else 3 * total) * b
     assert any(ray_decisions(DEFAULT_SCHEDULER, 8, int(cell.row(b)["steps"])) for b in cell.searched_batch_sizes)
     assert cell.halving_cost()[1] == pytest.approx(expected)
+
+
+def test_a_spec_may_bound_a_packs_members_and_the_plan_says_what_each_cell_packs(catalog, toy_spec):
+    space, got = levers({**toy_spec(), "search": {"pack": 4}}, catalog)
+    assert got["pack"].on and space.search.pack and space.search.pack_members == 4
+    for bad in (1, 0, "some", 2.5):
+        with pytest.raises(SpecError, match=r"search.pack: must be on, off or the most members of one pack"):
+            load_spec({**toy_spec(), "search": {"pack": bad}}, catalog)
+    spec = toy_spec(axes={"epsilon": [1, float("inf")], "backbone": "mlp", "dataset": "toy", "epochs": 2},
+                    batch_size=[20, 150], pruning={"min_steps": 1, "plateau_tol": 100}, search={"pack": 4})
+    plan = plan_sweep(load_spec(spec, catalog), catalog, workers=1)
+    private, baseline = sorted(plan.cells, key=lambda c: c.cell.epsilon)
+    assert list(private.searched_batch_sizes) == [20, 150]
+    cpu = PackPolicy.for_sweep(plan.space.search, Resources())
+    assert cpu.cell_line(private) == ("  packs: B=20: configurations that differ only in C, η (and ε) train together, "
+                                      "≤ 4 per pack; B=150: each alone (B > 128 on a CPU, where a pack does not pay)")
+    assert "each alone (non-private: no clipping to pack)" in cpu.cell_line(baseline)
+    gpu = PackPolicy.for_sweep(plan.space.search, Resources(gpu=1))
+    assert gpu.cell_line(private).startswith("  packs: B=20, 150: configurations")
+    assert PackPolicy.for_sweep(plan.space.search, Resources(workers=2)) is None
+    assert cpu.cell_line(private) in format_plan(plan, pack_line=cpu.cell_line)

@@ -14,6 +14,7 @@ from torch import nn
 from dptune.errors import UserError
 from dptune.schema import TrainConfig
 from dptune.trainables import DPEngine
+from dptune.trainables.engine.pack_memory import optimizer_slots
 from dptune.trainables.engine.packed_layers import pack_models, packing_problems
 from dptune.trainables.engine.packed_step import PackedDPEngine
 from dptune.trainables.engine.randomness import SeededStream
@@ -127,8 +128,8 @@ def digits(**options) -> TrainConfig:
     """An MLP: the trajectories are compared in float32, where a max-pool's argmax tie (tanh
     saturated at exactly 1) can route one gradient differently after a rounding-level difference;
     the packed convolution is checked above, in float64."""
-    return TrainConfig(dataset="digits", model="mlp", epochs=2, batch_size=64, seed=3, device="cpu",
-                       model_options={"hidden": 32}, **options)
+    return TrainConfig(**{"dataset": "digits", "model": "mlp", "epochs": 2, "batch_size": 64, "seed": 3,
+                          "device": "cpu", "model_options": {"hidden": 32}, **options})
 
 
 MEMBERS = [dict(clip_bound=0.3, learning_rate=0.2, epsilon=1.0), dict(clip_bound=1.0, learning_rate=0.1, epsilon=8.0),
@@ -164,6 +165,42 @@ def test_a_pack_trains_each_member_as_its_configuration_alone(options):
             assert mine["epsilon_spent"] == theirs["epsilon_spent"]
             assert mine["clipped_fraction"] == pytest.approx(theirs["clipped_fraction"], abs=2e-3)
             assert mine["pack_members"] == 3
+
+
+def test_a_pack_over_its_memory_budget_splits_its_passes_and_still_equals_its_lone_runs():
+    """A budget that holds the members' state and 5 examples each per pass: every packed forward
+    sees at most 15 rows (B = 64: several passes per step), and each member still ends where its
+    configuration alone does."""
+    cfgs = [digits(**m, epochs=1) for m in MEMBERS]
+    memory = PackTrainer(cfgs).memory
+    budget = memory.bytes(3, 5) + memory.row_bytes // 2
+    pack = PackTrainer(cfgs, memory_budget=budget)
+    assert pack.rows_per_pass == 15
+    rows = []
+    pack.model.register_forward_hook(lambda module, args, out: rows.append(len(args[0])))
+    pack.fit()
+    assert rows and max(rows) <= 15 and len(rows) > pack.step   # several passes per step
+    assert memory.bytes(3, max(rows) // 3) <= budget
+    for k, cfg in enumerate(cfgs):
+        alone = Trainer(cfg)
+        alone.fit()
+        for n, w in final_weights(alone.model).items():
+            torch.testing.assert_close(final_weights(pack.model, k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+
+
+def test_a_pack_whose_members_do_not_fit_is_refused_before_training_with_what_fits():
+    cfgs = [digits(**m) for m in MEMBERS]
+    memory = PackTrainer(cfgs).memory
+    with pytest.raises(UserError, match=r"a pack of 3 members of mlp needs .* set search.pack: 2 \(at most 2"):
+        PackTrainer(cfgs, memory_budget=memory.bytes(2, 1))
+    with pytest.raises(UserError, match="set search.pack: off"):
+        PackTrainer(cfgs, memory_budget=memory.bytes(1, 1))
+
+
+def test_the_optimizers_state_is_counted_from_a_real_step():
+    """SGD keeps nothing per parameter, with momentum one buffer, Adam two moments (torch's own)."""
+    assert [optimizer_slots(*a) for a in (("sgd", 0.0, 0.0), ("sgd", 0.9, 0.0), ("adam", 0.0, 0.0), ("adamw", 0.0, 0.01))] \
+        == [0, 1, 2, 2]
 
 
 def test_a_diverging_member_is_recorded_and_retired_while_the_others_finish():
