@@ -160,10 +160,11 @@ def member_trial_id(trial_id: str, k: int) -> str:
 
 class MemberTrial:
     """Member ``k`` of a pack trial, seen as a trial of its own: its trial id, config and last
-    result; anything else (checkpoint, status, paths) is the pack trial's."""
+    result (``result``: one the pack trial does not hold yet — Ray Tune hands callbacks a result
+    before it updates the trial); anything else (checkpoint, status, paths) is the pack trial's."""
 
-    def __init__(self, pack: "tune.experiment.Trial", k: int) -> None:
-        self.pack, self.k = pack, k
+    def __init__(self, pack: "tune.experiment.Trial", k: int, result: dict | None = None) -> None:
+        self.pack, self.k, self.result = pack, k, result
         self.trial_id = member_trial_id(pack.trial_id, k)
 
     @property
@@ -172,7 +173,7 @@ class MemberTrial:
 
     @property
     def last_result(self) -> dict:
-        return member_result(self.pack.last_result, self.k)
+        return self.result if self.result is not None else member_result(self.pack.last_result, self.k)
 
     def __getattr__(self, name: str) -> object:
         if name == "pack":
@@ -192,7 +193,7 @@ class MemberTrial:
         return {"trial_id": self.trial_id, "k": self.k}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, pack=None)
+        self.__dict__.update(state, pack=None, result=None)
 
 
 def is_pack(trial: "tune.experiment.Trial") -> bool:
@@ -266,10 +267,12 @@ def pack_stops(create: bool = False) -> "ray.actor.ActorHandle | None":
 class PerMember(tune.Callback):
     """Ray Tune ``callback`` with each pack trial replaced by its members (:class:`MemberTrial`):
     one start, one result per epoch each member trained, one end (complete, or error with its
-    status from :func:`ending`) per member."""
+    status from :func:`ending`) per member — as soon as the pack reports the member ended (it
+    finished, diverged or was stopped), not when the whole pack ends."""
 
     def __init__(self, callback: tune.Callback) -> None:
         self.callback = callback
+        self._passed_on: set[str] = set()   # member trial ids whose end was passed on
 
     def setup(self, **info) -> None:
         self.callback.setup(**info)
@@ -306,6 +309,10 @@ class PerMember(tune.Callback):
             return
         for k, member in new_member_results(result):
             self.callback.on_trial_result(iteration, expand(trials), MemberTrial(trial, k), member, **info)
+        for key, member in member_results(result).items():
+            if member.get("member_status") == "ended":
+                ended = MemberTrial(trial, int(key), member)
+                self._end(iteration, trials, ended, ending(ended), **info)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
         self._ended(iteration, trials, trial, None, **info)
@@ -319,9 +326,15 @@ class PerMember(tune.Callback):
             hook(iteration, trials, trial, **info)
             return
         for member in members(trial):
-            status, _ = ending(member, pack_error)
-            hook = self.callback.on_trial_error if status == "error" else self.callback.on_trial_complete
-            hook(iteration, expand(trials), member, **info)
+            self._end(iteration, trials, member, ending(member, pack_error), **info)
+
+    def _end(self, iteration: int, trials: list, member: MemberTrial, how: tuple[str, str | None], **info) -> None:
+        """Pass on a member's end once (``how``: its status and error, from :func:`ending`)."""
+        if member.trial_id in self._passed_on:
+            return
+        self._passed_on.add(member.trial_id)
+        hook = self.callback.on_trial_error if how[0] == "error" else self.callback.on_trial_complete
+        hook(iteration, expand(trials), member, **info)
 
     def on_experiment_end(self, trials: list, **info) -> None:
         self.callback.on_experiment_end(expand(trials), **info)

@@ -10,9 +10,11 @@ import tempfile
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 
 from dptune.platform.store import ResultsStore
+from faulting import await_pause, faulted_env
 from sweep_plans import levers_off
 
 SPEC = {
@@ -122,3 +124,48 @@ def test_resume_trains_what_the_searcher_handed_out_and_the_trial_snapshot_lost(
     after = ResultsStore(str(experiment / "store")).table("trials")
     assert len(after) == 4 and (after.status == "finished").all()
     assert len(after.groupby(["clip_bound", "batch_size"])) == 4
+
+
+def test_a_pack_killed_mid_run_and_resumed_records_each_member_once(tmp_path):
+    """Issue 36: the driver is killed while a pack of four (two ε × two η) is paused after its first
+    epoch's checkpoint; `dptune resume` ends it. Every member has its row once, its curve's three
+    epochs once, and the results of the same configurations run apart, uninterrupted."""
+    spec = {**SPEC, "experiment": "packed", "axes": {**SPEC["axes"], "epochs": [3]}, "clip_bound": [2],
+            "batch_size": [128], "learning_rate": {"reference": 1.0, "reference_batch_size": 128, "multipliers": [1, 4]},
+            "pruning": {"min_steps": 1, "plateau_tol": 100, "max_batch_sizes": 1},
+            "search": levers_off({"algorithm": "grid", "pack": "on"})}
+    apart = {**spec, "experiment": "apart", "search": levers_off({"algorithm": "grid"})}
+    ray_dir = tempfile.mkdtemp(prefix="rt")
+    faults = tmp_path / "faults"
+    log = open(tmp_path / "sweep.log", "w")
+    try:
+        for s in (spec, apart):
+            (tmp_path / f"{s['experiment']}.yaml").write_text(yaml.safe_dump({**s, "storage": str(tmp_path / "results")}))
+        reference = dptune(["sweep", str(tmp_path / "apart.yaml"), "--quiet"], ray_dir, log)
+        assert reference.wait(timeout=600) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+        kill_tree(ray_dir)
+        sweep = dptune(["sweep", str(tmp_path / "packed.yaml"), "--quiet"], ray_dir, log,
+                       env=faulted_env("trial_checkpointed@1=pause", faults))
+        await_pause(faults, "trial_checkpointed@1", alive=lambda: sweep.poll() is None)
+        os.killpg(sweep.pid, signal.SIGKILL)   # the driver, mid-pack
+        sweep.wait()
+        kill_tree(ray_dir)                     # and its Ray, the paused pack with it
+        resume = dptune(["resume", str(tmp_path / "results" / "packed")], ray_dir, log)
+        assert resume.wait(timeout=600) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    finally:
+        log.close()
+        kill_tree(ray_dir)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    packed = ResultsStore(str(tmp_path / "results" / "packed" / "store"))
+    rows, epochs = packed.table("trials"), packed.table("epochs")
+    alone = ResultsStore(str(tmp_path / "results" / "apart" / "store")).table("trials").set_index("config_id")
+    assert len(rows) == 4 and rows.trial_id.is_unique and (rows.status == "finished").all()
+    assert rows.trial_id.str.fullmatch(r".+-m[0-3]").all() and rows.trial_id.str[:-3].nunique() == 1   # one pack
+    assert sorted(rows.config_id) == sorted(alone.index)
+    for _, row in rows.iterrows():
+        curve = epochs[epochs.trial_id == row.trial_id]
+        assert sorted(curve.epoch) == [1, 2, 3]
+        theirs = alone.loc[row.config_id]
+        assert row.accuracy == pytest.approx(theirs.accuracy, abs=1 / 360)
+        assert row.loss == pytest.approx(theirs.loss, rel=1e-4)
+        assert row.epsilon_spent == theirs.epsilon_spent

@@ -84,3 +84,42 @@ def test_the_scheduler_stops_members_of_a_pack_alone_as_ray_tunes_asha_decides(l
             assert row.step < row.steps and row.epsilon_spent < row.epsilon
         else:
             assert row.step == row.steps and not math.isnan(row.accuracy)
+
+
+class Recorder:
+    """A callback that notes what it is told: (hook, trial id, the trial's last result's epoch)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, hook):
+        return lambda iteration, trials, trial=None, *args, **info: self.calls.append(
+            (hook, trial.trial_id, (trial.last_result or {}).get("epoch")))
+
+
+def test_a_member_that_ended_leaves_the_live_views_at_the_report_that_says_so():
+    """A member stopped (or diverged) after epoch 1 is passed on as ended when the pack's epoch-2
+    report says so, with its own last result (Ray Tune hands callbacks a result before it updates
+    the trial); the pack's end then passes on only the others, each once."""
+    from types import SimpleNamespace
+
+    from dptune.platform.packs import PerMember
+
+    pack = SimpleNamespace(trial_id="p", config={"pack": [{"clip_bound": 1.0}, {"clip_bound": 2.0}, {"clip_bound": 3.0}]},
+                           last_result=None)
+    recorder = Recorder()
+    views = PerMember(recorder)
+    running = {"member_status": "running", "step": 10, "steps": 20}
+    first = {"epoch": 1, "members": {str(k): {**running, "epoch": 1} for k in range(3)}}
+    views.on_trial_result(0, [pack], pack, first)
+    pack.last_result = first
+    second = {"epoch": 2, "members": {
+        "0": {"epoch": 2, "member_status": "ended", "step": 20, "steps": 20},
+        "1": {"epoch": 1, "member_status": "ended", "step": 10, "steps": 20},                          # stopped
+        "2": {"epoch": 2, "member_status": "ended", "step": 20, "steps": 20, "error": "loss became nan"}}}
+    views.on_trial_result(1, [pack], pack, second)
+    ends = [c for c in recorder.calls if c[0] in ("on_trial_complete", "on_trial_error")]
+    assert ends == [("on_trial_complete", "p-m0", 2), ("on_trial_complete", "p-m1", 1), ("on_trial_error", "p-m2", 2)]
+    pack.last_result = second
+    views.on_trial_complete(2, [pack], pack)
+    assert [c for c in recorder.calls if c[0] in ("on_trial_complete", "on_trial_error")] == ends   # once each
