@@ -24,14 +24,17 @@ import time
 from pathlib import Path
 
 
-def store_train_times(storage: str) -> list[float]:
-    """Each trial's time in its training steps, from the sweep's results store."""
+def store_train_times(storage: str) -> list[float] | None:
+    """Each trial's time in its training steps, from the sweep's results store (None when trials
+    ran in packs: a pack's members share its time and its progress lines' wall, so neither adds up)."""
     from dptune.platform.store import ResultsStore
 
     stores = list(Path(storage).glob("*/store"))
     if not stores:
         return []
     trials = ResultsStore(str(stores[0])).table("trials")
+    if trials["trial_id"].str.contains(r"-m\d+$").any():
+        return None
     return [float(t) for t in trials.get("train_time_s", []) if t == t]
 
 
@@ -96,7 +99,9 @@ def main() -> None:
     # them) against its training steps (train_time_s in the store), and what is left of the sweep's
     # wall outside the trials (start-up, calibration, closing), with `slots` trials at a time
     walls = [float(w) for w in re.findall(r"^\[\d+/\d+\].*\((\d+\.\d+) s\)$", output, re.MULTILINE)]
-    if walls and train:
+    if train is None:
+        print("trials ran in packs: their members share each pack's wall and training time (not summed)")
+    elif walls and train:
         outside = wall - sum(walls) / args.slots
         print(f"trials: {sum(walls):.1f} s of trial wall for {sum(train):.1f} s of training steps "
               f"({sum(walls) / sum(train):.2f}x; goal <= 1.25x); outside the trials: {outside:.1f} s "
