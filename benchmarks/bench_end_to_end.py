@@ -22,6 +22,8 @@ m ∈ {0.5, 1}; seed 0).
   ``…-all-B``: the same over every B on the plateau; ``…-transfer``: with transfer across the ε cells
   (``search.transfer``: the largest ε first, each smaller ε only within one grid step of the previous
   cell's best);
+  ``dptune-nopack``: the plain spec with packed trials named off (``search.pack: off``), the reference
+  of packed trials (issue 36);
   ``dptune@DIR`` (with ``--compare-with DIR``): the ``dptune`` run from another checkout (e.g. the
   code before a change), for the change's own row.
 
@@ -51,7 +53,7 @@ from pathlib import Path
 
 DELTA, SEED = 1e-5, 0
 ETA_REF, B_REF = 2.0, 128
-RUNS = ["baseline", "dptune", "dptune-nolevers", "dptune-asha", "dptune-asha-epochs", "dptune-proxy",
+RUNS = ["baseline", "dptune", "dptune-nopack", "dptune-nolevers", "dptune-asha", "dptune-asha-epochs", "dptune-proxy",
         "dptune-proxy-asha", "dptune-all-B", "dptune-asha-all-B", "dptune-proxy-all-B", "dptune-transfer",
         "dptune-asha-transfer", "dptune-proxy-asha-transfer"]
 #: The scheduler of the runs named ``…asha…``: rungs in optimizer steps (the embedded default's), or at
@@ -133,17 +135,18 @@ def run_baseline(args: argparse.Namespace, storage: str) -> dict:
 
 
 def spec_text(args: argparse.Namespace, *, scheduler: str | None, capped: bool, proxy: int | str,
-              transfer: bool = False, plain: bool = False) -> str:
+              transfer: bool = False, plain: bool = False, pack: bool = True) -> str:
     """The cells as a dptune sweep spec (the embedded default's pruning); ``capped=False`` searches
     every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 (or ``auto``: k per B) ranks at B/k and σ/k, then
     trains each cell's choice at full scale; ``transfer`` searches each smaller ε near the previous best. Every lever
-    is named, on or off, unless ``plain``: then none is (dptune decides)."""
+    is named, on or off, unless ``plain``: then none is (dptune decides) but packed trials when ``pack`` is
+    false."""
     search = ("search: {algorithm: grid"
               + f", scheduler: {ASHA[scheduler] if scheduler else 'none'}"
               + (f", proxy: {{batch_divisor: {proxy}}}" if proxy != 1 else ", proxy: off")
               + (", transfer: {radius: 1}" if transfer else ", transfer: off") + "}")
     if plain:
-        search = "search: {algorithm: grid}"
+        search = "search: {algorithm: grid}" if pack else "search: {algorithm: grid, pack: off}"
     return f"""experiment: e2e
 axes: {{epsilon: {args.epsilons}, delta: {DELTA}, backbone: [cnn], dataset: [{args.dataset}], epochs: [{args.epochs}]}}
 clip_bound: {args.clips}
@@ -163,7 +166,7 @@ def run_dptune(args: argparse.Namespace, name: str, storage: str) -> dict:
     scheduler = ("epochs" if "asha-epochs" in base else "steps") if "asha" in base else None
     spec.write_text(spec_text(args, scheduler=scheduler, capped=not base.endswith("all-B"),
                               proxy=args.proxy_divisor if "proxy" in base else 1, transfer=base.endswith("transfer"),
-                              plain=base == "dptune"))
+                              plain=base in ("dptune", "dptune-nopack"), pack=base != "dptune-nopack"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTUNE_CACHE_DIR": str(Path(storage) / "cache")}
     if checkout:
         env["PYTHONPATH"] = checkout

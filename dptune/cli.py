@@ -221,7 +221,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
     from .platform.catalog import trainables_catalog
     from .platform.layout import DEFAULT_SPEC
-    from .platform.packs import PackPolicy
+    from .platform.pack_policy import PackPolicy
     from .search_spaces import format_plan, load_spec, plan_sweep
 
     catalog = trainables_catalog()  # torch-free: lazy registries, sizes from metadata

@@ -20,7 +20,7 @@ from typing import Callable
 from ..schema import METRICS
 from ..schema.metrics import SCORES
 from . import tune_adapter
-from .packs import PACK
+from .pack_policy import PACK
 from .store import ResultsStore
 
 #: Set in the one report of a trial that was kept from the store (the store callback skips it).

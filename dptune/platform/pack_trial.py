@@ -18,7 +18,8 @@ import ray
 from ..schema import METRICS
 from ..trainables.pack_training import PackTrainer
 from . import tune_adapter
-from .packs import member_configs, pack_stops
+from .pack_policy import member_configs
+from .packs import pack_stops
 from .trainable import check_plan, epoch_report
 from .trial_config import plan_figures, train_config
 

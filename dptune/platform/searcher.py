@@ -36,7 +36,8 @@ from pyarrow.fs import LocalFileSystem
 from .cell_search import WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, Transfer, WarmStart
 from .durable import read_file, write_bytes
 from .faults import fault_point
-from .packs import PackPolicy, member_result, member_trial_id, pack_config, take_pack
+from .pack_policy import PackPolicy, pack_config, take_pack
+from .packs import member_result, member_trial_id
 
 if TYPE_CHECKING:
     from ..search_spaces.planner import SweepPlan

@@ -26,7 +26,8 @@ from .live_status import mark_ended
 from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
 from .durable import read_json, write_json
 from .layout import DEFAULT_SPEC, PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
-from .packs import PackPolicy, ending, members
+from .pack_policy import PackPolicy
+from .packs import ending, members
 from .ray_tasks import RayTasks
 from .schedulers import build_scheduler
 from .searcher import RESTORED, SweepSearcher

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .packs import PACK
+from .pack_policy import PACK
 
 
 def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:

@@ -169,3 +169,68 @@ def test_a_tracker_not_installed_is_refused_before_anything_runs(monkeypatch):
     spec = digits_spec(epsilon=[4.0], batch_size=[300], tracking={"wandb": {"project": "p"}})
     with pytest.raises(SpecError, match=r"tracking\.wandb: wandb not installed; pip install 'dptune\[tracking\]'"):
         load_spec(spec, trainables_catalog())
+
+
+def test_each_member_of_a_pack_is_a_run_of_its_own(tmp_path):
+    """Issue 36: a pack of two (η × 1 and × 4, one Ray Tune trial) is two MLflow runs, two TensorBoard
+    runs and two W&B runs, each with its member's parameters and its own epochs, ending at its row's values."""
+    from pathlib import Path
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from dptune.platform.store import ResultsStore
+
+    spec = digits_spec(epsilon=[4.0], batch_size=[64], multipliers=[1.0, 4.0], epochs=EPOCHS, model_options={"hidden": 16},
+                       search={"pack": "on"}, tracking={"mlflow": {"experiment": "packed"}, "tensorboard": True,
+                                                        "wandb": {"project": "dptune-test"}})
+    catalog = trainables_catalog()
+    parsed = load_spec(spec, catalog)
+    settings = RunSettings(experiment="packed", storage=str(tmp_path), max_failures=0, tracking=parsed["tracking"])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    try:
+        outcome = run_sweep(plan_of(spec, catalog), settings)
+    finally:
+        ray.shutdown()
+    assert len(outcome.results) == 1 and outcome.finished == 2
+    rows = ResultsStore(settings.paths.store).table("trials").set_index("trial_id")
+    assert rows.index.str.fullmatch(r".+-m[01]").all() and rows.learning_rate.nunique() == 2
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{settings.paths.root}/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["packed"]).set_index("tags.mlflow.runName")
+    assert sorted(runs.index) == sorted(rows.index)
+    client = mlflow.tracking.MlflowClient()
+    for trial_id, row in rows.iterrows():
+        run = runs.loc[trial_id]
+        assert float(run["params.learning_rate"]) == row.learning_rate
+        history = sorted(client.get_metric_history(run.run_id, "test_accuracy"), key=lambda m: m.step)
+        assert len(history) == EPOCHS and history[-1].value == pytest.approx(row.accuracy)
+
+    folders = sorted({path.parent for path in Path(settings.paths.root).glob("*/member-*/events.out.tfevents.*")})
+    assert [f.name for f in folders] == ["member-0", "member-1"]
+    finals = set()
+    for folder in folders:
+        events = EventAccumulator(str(folder))
+        events.Reload()
+        (series,) = [t for t in events.Tags()["scalars"] if t.endswith("/test_accuracy")]
+        points = events.Scalars(series)
+        assert len(points) == EPOCHS
+        finals.add(round(points[-1].value, 5))
+    assert finals == {round(a, 5) for a in rows.accuracy}
+
+    import json
+
+    rates = []
+    for path in sorted(Path(settings.paths.root, "wandb").glob("offline-run-*/run-*.wandb")):
+        config, epochs = {}, 0
+        for record in _wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind in ("run", "config"):
+                items = record.run.config.update if kind == "run" else record.config.update
+                config.update({i.key: json.loads(i.value_json) for i in items})
+            elif kind == "history":
+                epochs += any((i.key or "/".join(i.nested_key)) == "test_accuracy" for i in record.history.item)
+        rates.append(config["learning_rate"])
+        assert epochs == EPOCHS
+    assert sorted(rates) == sorted(rows.learning_rate)

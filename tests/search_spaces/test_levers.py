@@ -8,7 +8,7 @@ import pytest
 from ray.tune.schedulers.async_hyperband import _Bracket
 
 from dptune.search_spaces.spec import SpecError
-from dptune.platform.packs import PackPolicy
+from dptune.platform.pack_policy import PackPolicy
 from dptune.platform.spec_sections import Resources
 from dptune.privacy.schedule import epoch_end_steps
 from dptune.search_spaces import SearchSpace, load_spec, plan_sweep
