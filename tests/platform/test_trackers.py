@@ -21,22 +21,26 @@ PARAMETERS = ("cell", "clip_bound", "batch_size", "learning_rate", "noise_multip
 METRICS = ("test_accuracy", "test_loss", "epsilon_spent", "clipped_fraction")
 
 
+def tracked_sweep(spec: dict, experiment: str, folder) -> tuple:
+    """Run ``spec`` on a local Ray of two CPUs with its trackers: (outcome, run settings)."""
+    catalog = trainables_catalog()
+    parsed = load_spec(spec, catalog)
+    settings = RunSettings(experiment=experiment, storage=str(folder), max_failures=0, tracking=parsed["tracking"])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    try:
+        return run_sweep(plan_of(spec, catalog), settings), settings
+    finally:
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory):
     """One small sweep (2 trials, 2 epochs) with all three trackers on."""
-    folder = tmp_path_factory.mktemp("tracked")
     spec = digits_spec(epsilon=[4.0], batch_size=[300], clip_bound=[0.5, 2.0], epochs=EPOCHS,
                        model_options={"hidden": 16},
                        tracking={"mlflow": {"experiment": "digits-tracked"}, "wandb": {"project": "dptune-test"},
                                  "tensorboard": True})
-    catalog = trainables_catalog()
-    parsed = load_spec(spec, catalog)
-    settings = RunSettings(experiment="tracked", storage=str(folder), max_failures=0, tracking=parsed["tracking"])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
-    try:
-        outcome = run_sweep(plan_of(spec, catalog), settings)
-    finally:
-        ray.shutdown()
+    outcome, settings = tracked_sweep(spec, "tracked", tmp_path_factory.mktemp("tracked"))
     assert outcome.finished == 2
     return settings.paths.root
 
@@ -183,14 +187,7 @@ def test_each_member_of_a_pack_is_a_run_of_its_own(tmp_path):
     spec = digits_spec(epsilon=[4.0], batch_size=[64], multipliers=[1.0, 4.0], epochs=EPOCHS, model_options={"hidden": 16},
                        search={"pack": "on"}, tracking={"mlflow": {"experiment": "packed"}, "tensorboard": True,
                                                         "wandb": {"project": "dptune-test"}})
-    catalog = trainables_catalog()
-    parsed = load_spec(spec, catalog)
-    settings = RunSettings(experiment="packed", storage=str(tmp_path), max_failures=0, tracking=parsed["tracking"])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
-    try:
-        outcome = run_sweep(plan_of(spec, catalog), settings)
-    finally:
-        ray.shutdown()
+    outcome, settings = tracked_sweep(spec, "packed", tmp_path)
     assert len(outcome.results) == 1 and outcome.finished == 2
     rows = ResultsStore(settings.paths.store).table("trials").set_index("trial_id")
     assert rows.index.str.fullmatch(r".+-m[01]").all() and rows.learning_rate.nunique() == 2
