@@ -32,6 +32,7 @@ CPU_MAX_BATCH_SIZE = 128
 #: plan's figures that follow from them (the cell names ε; σ√T; η's multiplier).
 MEMBER_KEYS = (*PACK_MEMBER_FIELDS, "cell", "noise_sqrt_steps", "lr_multiplier")
 
+
 @dataclass(frozen=True)
 class PackPolicy:
     """Which trial configs are packed, and how many together: private ones without denoising,

@@ -27,8 +27,8 @@ from ..schema import TrainConfig
 from ..schema.trial import PACK_MEMBER_FIELDS
 from .data.splits import DatasetSplits, take
 from .engine.batching import to_device
-from .engine.optimizers import make_optimizer
 from .engine.book_keeping import free_memory
+from .engine.optimizers import make_optimizer
 from .engine.pack_memory import MEMORY_SHARE, estimate
 from .engine.packed_layers import load_member, pack_models, packing_problems
 from .engine.packed_step import PackedDPEngine, PackedOptimizer
@@ -79,18 +79,8 @@ class PackTrainer:
                             f"{', '.join(problems)}; set search.pack: off")
         self.members = len(self.cfgs)
         lead = self.lead.cfg
-        sample = take(self.lead.data.train, torch.arange(min(MEMORY_SAMPLE, len(self.lead.data.train))))
-        self.memory = estimate(self.lead.model, self.lead.task.loss, to_device(sample[0], self.lead.device),
-                               sample[1].to(self.lead.device), optimizer=lead.optimizer, momentum=lead.momentum,
-                               weight_decay=lead.weight_decay)
-        free = free_memory(self.lead.device)
-        budget = MEMORY_SHARE * free if memory_budget is None else memory_budget
-        budget_is = (f"{MEMORY_SHARE:.0%} of the free memory of {self.lead.device}" if memory_budget is None
-                     else "the memory budget given")
         #: rows of one packed pass: the members' examples together, within the memory budget
-        self.rows_per_pass = self.members * self.memory.plan(self.members, budget, lead.model, budget_is)
-        if lead.max_physical_batch_size is not None:
-            self.rows_per_pass = min(self.rows_per_pass, lead.max_physical_batch_size)
+        self.rows_per_pass = self._rows_per_pass(memory_budget)
         self.plans = [self.lead.plan] + [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs[1:]]   # σ once each
         self.model = pack_models([self.lead.model] * self.members)
         self.engine = PackedDPEngine(
@@ -109,6 +99,21 @@ class PackTrainer:
         self.step = 0
         self.epoch = 0
         self.train_time_s = 0.0
+
+    def _rows_per_pass(self, memory_budget: float | None) -> int:
+        """Measure what the pack will hold (``self.memory``) and bound the rows of one pass by the
+        budget and by ``max_physical_batch_size``; refuse a pack whose members cannot fit."""
+        lead, cfg = self.lead, self.lead.cfg
+        x, y = take(lead.data.train, torch.arange(min(MEMORY_SAMPLE, len(lead.data.train))))
+        self.memory = estimate(lead.model, lead.task.loss, to_device(x, lead.device), y.to(lead.device),
+                               optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        if memory_budget is None:
+            budget = MEMORY_SHARE * free_memory(lead.device)
+            budget_is = f"{MEMORY_SHARE:.0%} of the free memory of {lead.device}"
+        else:
+            budget, budget_is = memory_budget, "the memory budget given"
+        rows = self.members * self.memory.plan(self.members, budget, cfg.model, budget_is)
+        return rows if cfg.max_physical_batch_size is None else min(rows, cfg.max_physical_batch_size)
 
     @property
     def done(self) -> bool:
