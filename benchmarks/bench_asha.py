@@ -20,11 +20,11 @@ import time
 
 import pandas as pd
 
-from dptune.platform.catalog import trainables_catalog
-from dptune.platform.launcher import RunSettings, start_ray
-from dptune.platform.spec_sections import Resources
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import run_sweep
+from dptune.platform.sweep.catalog import trainables_catalog
+from dptune.platform.sweep.launcher import RunSettings, start_ray
+from dptune.platform.sweep.spec_sections import Resources
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import run_sweep
 from dptune.search_spaces import load_spec, plan_sweep
 
 

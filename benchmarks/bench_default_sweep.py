@@ -27,7 +27,7 @@ from pathlib import Path
 def store_train_times(storage: str) -> list[float] | None:
     """Each trial's time in its training steps, from the sweep's results store (None when trials
     ran in packs: a pack's members share its time and its progress lines' wall, so neither adds up)."""
-    from dptune.platform.store import ResultsStore
+    from dptune.platform.store.results_store import ResultsStore
 
     stores = list(Path(storage).glob("*/store"))
     if not stores:
@@ -40,7 +40,7 @@ def store_train_times(storage: str) -> list[float] | None:
 
 def best_per_cell(storage: str) -> str:
     """The sweep's answer: per cell, the configuration with the best seed-mean accuracy."""
-    from dptune.platform.store import ResultsStore
+    from dptune.platform.store.results_store import ResultsStore
 
     stores = list(Path(storage).glob("*/store"))
     frame = ResultsStore(str(stores[0])).query(
@@ -54,7 +54,7 @@ def with_pack_off(spec: str | None, folder: str) -> str:
     """A copy of ``spec`` (the embedded default when None) with ``search: {pack: off}``."""
     import yaml
 
-    from dptune.platform.layout import DEFAULT_SPEC
+    from dptune.platform.store.layout import DEFAULT_SPEC
 
     text = yaml.safe_load(Path(spec or DEFAULT_SPEC).read_text())
     text.setdefault("search", {})["pack"] = "off"

@@ -41,7 +41,7 @@ def timed(command: list[str], env: dict) -> tuple[float, float, str]:
 def in_process_plan(cache: str) -> tuple[float, int, int]:
     """Seconds of load_spec + plan_sweep with the disk cache warm (memory cleared), cells, σ values."""
     os.environ["DPTUNE_CACHE_DIR"] = cache
-    from dptune.platform.catalog import trainables_catalog
+    from dptune.platform.sweep.catalog import trainables_catalog
     from dptune.privacy.cache import clear_memory
     from dptune.search_spaces import load_spec, plan_sweep
 

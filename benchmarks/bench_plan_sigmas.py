@@ -35,8 +35,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None)
     args = parser.parse_args()
     os.environ["DPTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="dptune-sigmas-")
-    from dptune.platform import spec_sections  # noqa: F401
-    from dptune.platform.catalog import trainables_catalog
+    from dptune.platform.sweep import spec_sections  # noqa: F401
+    from dptune.platform.sweep.catalog import trainables_catalog
     from dptune.search_spaces import load_spec, plan_sweep
 
     catalog = trainables_catalog()

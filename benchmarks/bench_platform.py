@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dptune.platform import tune_adapter
-from dptune.platform.store import ResultsStore, schema_tag
+from dptune.platform.sweep import tune_adapter
+from dptune.platform.store.results_store import ResultsStore, schema_tag
 
 AGGREGATE = ("SELECT dataset, backbone, epsilon, count(*) AS n, max(accuracy) AS best, avg(epsilon_spent) AS eps "
              "FROM trials GROUP BY dataset, backbone, epsilon ORDER BY dataset, backbone, epsilon")
@@ -43,8 +43,8 @@ def trivial_trainable(stamps: str):
 
 def trivial_plan(n_trials: int):
     """A plan of ``n_trials`` trials of one configuration (one seed each), built as a sweep builds it."""
-    from dptune.platform import spec_sections  # noqa: F401
-    from dptune.platform.catalog import trainables_catalog
+    from dptune.platform.sweep import spec_sections  # noqa: F401
+    from dptune.platform.sweep.catalog import trainables_catalog
     from dptune.search_spaces import load_spec, plan_sweep
 
     spec = {"axes": {"epsilon": 1.0, "backbone": "mlp", "dataset": "digits", "epochs": 1}, "clip_bound": [1.0],
@@ -60,8 +60,8 @@ def platform_overhead(n_trials: int) -> tuple[float, float, float]:
 
     import ray
 
-    from dptune.platform.launcher import RunSettings, start_ray
-    from dptune.platform.sweep import run_sweep
+    from dptune.platform.sweep.launcher import RunSettings, start_ray
+    from dptune.platform.sweep.driver import run_sweep
 
     plan = trivial_plan(n_trials)
     start_ray(num_cpus=2)
@@ -99,7 +99,7 @@ def timed_query(store: ResultsStore, repeats: int = 3) -> float:
 def query_speed(n_rows: int, n_files: int) -> tuple[float, float, float, float, int]:
     """(query after compaction, compaction seconds, query over loose files, query over the store
     the sweep's write path leaves, how many files that store holds)."""
-    from dptune.platform.callbacks import COMPACT_EVERY
+    from dptune.platform.sweep.store_callback import COMPACT_EVERY
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as root:

@@ -29,8 +29,8 @@ import statistics
 import time
 from pathlib import Path
 
-from dptune.platform.catalog import trainables_catalog
-from dptune.platform.trial_config import train_config
+from dptune.platform.sweep.catalog import trainables_catalog
+from dptune.platform.sweep.trial_config import train_config
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import Trainer, evaluate, train

@@ -29,14 +29,14 @@ from bench_platform import AGGREGATE, synthetic_trials, timed_query, trivial_pla
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "platform"))
 from s3_server import SeaweedS3  # noqa: E402  (the tests' SeaweedFS helper)
 
-from dptune.platform.layout import filesystem  # noqa: E402
-from dptune.platform.store import ResultsStore  # noqa: E402
+from dptune.platform.store.layout import filesystem  # noqa: E402
+from dptune.platform.store.results_store import ResultsStore  # noqa: E402
 
 
 def platform_overhead(storage: str, n_trials: int) -> float:
     """Wall seconds for ``n_trials`` trivial trials with Ray's storage and the store under ``storage``."""
-    from dptune.platform.launcher import RunSettings
-    from dptune.platform.sweep import run_sweep
+    from dptune.platform.sweep.launcher import RunSettings
+    from dptune.platform.sweep.driver import run_sweep
 
     plan = trivial_plan(n_trials)
     with tempfile.TemporaryDirectory() as stamps:   # where the trivial trials note when they started
@@ -79,7 +79,7 @@ def main() -> None:
 
     import ray
 
-    from dptune.platform.launcher import start_ray
+    from dptune.platform.sweep.launcher import start_ray
 
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
         server = SeaweedS3(Path(tmp) / "seaweedfs")

@@ -49,7 +49,7 @@ def _train(config: dict) -> tuple[float, float]:
     global _data
     import torch
 
-    from dptune.platform.trial_config import train_config
+    from dptune.platform.sweep.trial_config import train_config
     from dptune.trainables.data.catalog import load_dataset
     from dptune.trainables.training import train as run
 
@@ -83,7 +83,7 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
     target (inf: never, within the budget), for each sampler seed."""
     from ray.tune.search import Searcher
 
-    from dptune.platform.searcher import SweepSearcher
+    from dptune.platform.sweep.searcher import SweepSearcher
 
     hits: dict[str, list[float]] = {cell: [] for cell in targets}
     for seed in SAMPLER_SEEDS:
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).with_name("results") / "search_efficiency.json"))
     args = parser.parse_args()
 
-    from dptune.platform.catalog import trainables_catalog
+    from dptune.platform.sweep.catalog import trainables_catalog
 
     catalog = trainables_catalog()
     full, pruned = plan(catalog, pruning=FULL), plan(catalog, pruning=PRUNED)

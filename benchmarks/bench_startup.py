@@ -33,7 +33,7 @@ def wall(command: list[str], env: dict, repeats: int) -> list[float]:
 
 
 def small_store(root: Path) -> str:
-    from dptune.platform.store import ResultsStore
+    from dptune.platform.store.results_store import ResultsStore
 
     store = ResultsStore(str(root / "store"))
     for i in range(50):

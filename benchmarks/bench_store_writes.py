@@ -16,7 +16,7 @@ import uuid
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dptune.platform.store import ResultsStore, schema_tag
+from dptune.platform.store.results_store import ResultsStore, schema_tag
 
 
 def trial_rows(i: int) -> tuple[dict, list[dict]]:

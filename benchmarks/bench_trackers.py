@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from dptune.platform.layout import DEFAULT_SPEC
+from dptune.platform.store.layout import DEFAULT_SPEC
 
 VARIANTS = {"none": {}, "mlflow": {"mlflow": {}}, "wandb (offline)": {"wandb": {"project": "dptune-bench"}},
             "tensorboard": {"tensorboard": True}}

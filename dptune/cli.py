@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
 
 if TYPE_CHECKING:
-    from .platform.layout import ExperimentPaths
+    from .platform.store.layout import ExperimentPaths
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -155,8 +155,8 @@ def _engine_table(trainer: object) -> str:
 
 
 def _add_query(sub: argparse._SubParsersAction) -> None:
-    from .platform.query import DEFAULT_STORE, FORMATS
-    from .platform.query_limits import QueryLimits
+    from .platform.store.query import DEFAULT_STORE, FORMATS
+    from .platform.store.query_limits import QueryLimits
 
     p = sub.add_parser("query", help="run SQL over a results store (DuckDB views trials, epochs, gradnorms)",
                        description="Run SQL over the results store. Views: trials (one row per trial: axes, "
@@ -176,8 +176,8 @@ def _add_query(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_query(args: argparse.Namespace, out: TextIO) -> int:
-    from .platform.query import run_query
-    from .platform.query_limits import QueryLimits
+    from .platform.store.query import run_query
+    from .platform.store.query_limits import QueryLimits
 
     run_query(args.store, args.sql, fmt=args.format, out_file=args.out, out=out,
               limits=QueryLimits(args.memory, args.threads, args.timeout))
@@ -185,7 +185,7 @@ def _run_query(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _add_compact(sub: argparse._SubParsersAction) -> None:
-    from .platform.query import DEFAULT_STORE
+    from .platform.store.query import DEFAULT_STORE
 
     p = sub.add_parser("compact", help="merge a results store's small files (faster queries)",
                        description="Merge the per-trial Parquet files of a results store into one file per "
@@ -195,7 +195,7 @@ def _add_compact(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_compact(args: argparse.Namespace, out: TextIO) -> int:
-    from .platform.query import open_store
+    from .platform.store.query import open_store
 
     kept = open_store(args.store).compact()
     for table, rows in kept.items():
@@ -218,10 +218,10 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace, out: TextIO) -> int:
-    from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
-    from .platform.catalog import trainables_catalog
-    from .platform.layout import DEFAULT_SPEC
-    from .platform.pack_policy import PackPolicy
+    from .platform.sweep import spec_sections  # noqa: F401  (registers the platform's spec sections)
+    from .platform.sweep.catalog import trainables_catalog
+    from .platform.store.layout import DEFAULT_SPEC
+    from .platform.sweep.pack_policy import PackPolicy
     from .search_spaces import format_plan, load_spec, plan_sweep
 
     catalog = trainables_catalog()  # torch-free: lazy registries, sizes from metadata
@@ -248,7 +248,7 @@ def _add_schema(sub: argparse._SubParsersAction) -> None:
 
 
 def run_schema(args: argparse.Namespace, out: TextIO) -> int:
-    from .platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
+    from .platform.sweep import spec_sections  # noqa: F401  (registers the platform's spec sections)
     from .search_spaces.spec_schema import spec_json_schema
 
     text = json.dumps(spec_json_schema(), indent=1, ensure_ascii=False)
@@ -277,7 +277,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _add_analysis_arguments(p: argparse.ArgumentParser) -> None:
-    from .platform.query import DEFAULT_STORE
+    from .platform.store.query import DEFAULT_STORE
 
     p.add_argument("--store", default=DEFAULT_STORE, help="store or experiment folder, or s3://… [%(default)s]")
     p.add_argument("--out", help="output folder [analysis/ beside the store]")
@@ -300,8 +300,8 @@ def _add_heatmap(sub: argparse._SubParsersAction) -> None:
 
 def _run_heatmap(args: argparse.Namespace, out: TextIO) -> int:
     from .analysis.report import write_heatmaps
-    from .platform.layout import ExperimentPaths
-    from .platform.store import ResultsStore
+    from .platform.store.layout import ExperimentPaths
+    from .platform.store.results_store import ResultsStore
 
     paths = ExperimentPaths.find(args.store)
     for path in write_heatmaps(ResultsStore(paths.store), args.out or paths.figures, across=args.across,
@@ -329,8 +329,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 def _run_report(args: argparse.Namespace, out: TextIO) -> int:
     from .analysis.report import write_report
-    from .platform.layout import ExperimentPaths
-    from .platform.store import ResultsStore
+    from .platform.store.layout import ExperimentPaths
+    from .platform.store.results_store import ResultsStore
 
     paths = ExperimentPaths.find(args.store)
     path = write_report(ResultsStore(paths.store), args.out or paths.figures, across=args.across, fixed=args.fixed,
@@ -355,7 +355,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace, out: TextIO) -> int:
-    from .platform.export import export_release
+    from .platform.views.export import export_release
 
     export_release(args.experiment, args.out, trial_id=args.trial, out=out)
     return EXIT_OK
@@ -394,8 +394,8 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
 def _run_audit(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm.auto import tqdm
 
-    from .platform.audits import audit, cell_trial, stored_trial
-    from .platform.layout import ExperimentPaths
+    from .platform.views.audit_command import audit, cell_trial, stored_trial
+    from .platform.store.layout import ExperimentPaths
     from .trainables.audit.run import describe, AuditResult
 
     if (args.spec is None) == (args.trial is None):
@@ -451,7 +451,7 @@ def _run_optimal_clip(args: argparse.Namespace, out: TextIO) -> int:
         grads, labels = saved["grads"], saved["labels"]
         sigma, clip, source = float(saved["noise_multiplier"]), float(saved["clip_bound"]), args.grads
     else:
-        from .platform.checkpoints import checkpoint_gradients
+        from .platform.views.checkpoint_gradients import checkpoint_gradients
 
         ckpt = checkpoint_gradients(args.checkpoint, trial_id=args.trial, examples=args.examples, seed=args.seed)
         grads, labels, sigma, clip = ckpt.grads, ckpt.labels, ckpt.noise_multiplier, ckpt.clip_bound
@@ -485,7 +485,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sweep_command(args: argparse.Namespace, out: TextIO) -> int:
-    from .platform.sweep import prepare, run_sweep
+    from .platform.sweep.driver import prepare, run_sweep
 
     plan, settings = prepare(args.spec, storage=args.storage, progress=not args.quiet, out=out, address=args.address,
                              start_local_ray=not args.address,
@@ -500,7 +500,7 @@ def _refuse_earlier_run(paths: "ExperimentPaths", *, overwrite: bool, out: TextI
     exists and is not empty is refused (before anything is launched), or deleted with --overwrite."""
     import pyarrow.fs as pafs
 
-    from .platform.layout import SETTINGS_FILE
+    from .platform.store.layout import SETTINGS_FILE
 
     fs, root = paths.filesystem()
     info = fs.get_file_info(root)
@@ -524,8 +524,8 @@ def _refuse_earlier_run(paths: "ExperimentPaths", *, overwrite: bool, out: TextI
 def _report_outcome(outcome, out: TextIO) -> int:
     """Print what the sweep found and draw its heatmaps beside the store."""
     from .analysis.report import write_heatmaps
-    from .platform.store import ResultsStore
-    from .platform.sweep import summary_table
+    from .platform.store.results_store import ResultsStore
+    from .platform.sweep.driver import summary_table
 
     paths = outcome.paths
     print(f"\n{outcome.finished} trials finished, {outcome.errored} errored; results store: {paths.store}\n"
@@ -551,7 +551,7 @@ def _add_resume(sub: argparse._SubParsersAction) -> None:
 
 
 def run_resume_command(args: argparse.Namespace, out: TextIO) -> int:
-    from .platform.sweep import resume_sweep
+    from .platform.sweep.driver import resume_sweep
 
     outcome = resume_sweep(args.experiment, restart_errored=args.restart_errored, address=args.address, out=out)
     return _report_outcome(outcome, out)
@@ -572,7 +572,7 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 def run_status(args: argparse.Namespace, out: TextIO) -> int:
     import time
 
-    from .platform.sweep_status import read_status
+    from .platform.views.status import read_status
 
     if args.watch is not None and args.watch <= 0:
         raise UserError(f"--watch: must be a number of seconds > 0; got {args.watch:g}")

@@ -1,8 +1,8 @@
 """Sweep plans for tests, built the way `dptune sweep` builds them (spec → catalog → plan_sweep)."""
 from __future__ import annotations
 
-from dptune.platform import spec_sections  # noqa: F401  (registers the platform's spec sections)
-from dptune.platform.catalog import trainables_catalog
+from dptune.platform.sweep import spec_sections  # noqa: F401  (registers the platform's spec sections)
+from dptune.platform.sweep.catalog import trainables_catalog
 from dptune.search_spaces import Catalog, SweepPlan, load_spec, plan_sweep
 
 

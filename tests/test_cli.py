@@ -105,8 +105,8 @@ def test_bad_argument_is_one_line_not_a_traceback():
 def test_a_bug_is_told_apart_from_a_user_error(tmp_path, monkeypatch, capsys):
     """A user error is one line and exit 2; anything else is called a bug (exit 1) with a pointer to
     --traceback, which shows it in full."""
-    from dptune.platform import query
-    from dptune.platform.store import ResultsStore
+    from dptune.platform.store import query
+    from dptune.platform.store.results_store import ResultsStore
 
     ResultsStore(str(tmp_path / "store")).write_trial({"trial_id": "t1", "accuracy": 0.5})
     store = str(tmp_path / "store")

@@ -2,8 +2,9 @@
 
 ``privacy`` is the root; the trial schema (``schema``) uses only it; ``trainables`` and
 ``search_spaces`` use both and not each other; only
-``platform`` touches Ray; ``analysis`` reads the store and uses ``privacy`` and the search
-spaces' pure rules. Checked on the source (every import statement, also those inside functions
+``platform`` touches Ray, and inside it ``platform.store`` (the files of an experiment) uses neither
+the sweep nor the views, the sweep (``platform.sweep``) not the views; ``analysis`` reads the store
+and uses ``privacy`` and the search spaces' pure rules. Checked on the source (every import statement, also those inside functions
 and under ``TYPE_CHECKING``) and, for what an import really pulls in, in a fresh interpreter.
 """
 from __future__ import annotations
@@ -67,6 +68,11 @@ FORBIDDEN = {
                "dptune.cli"},
     "search_spaces": {"ray", "dptune.trainables", "dptune.platform", "dptune.analysis", "dptune.cli"},
     "analysis": {"ray", "torch", "dptune.trainables", "dptune.cli"},
+    # inside the platform: the store only reads and writes an experiment's files; the sweep runs on
+    # Ray and writes the store; the views (status, export, audit) read both, and neither reads them
+    "platform/store": {"ray", "torch", "dptune.trainables", "dptune.search_spaces", "dptune.platform.sweep",
+                       "dptune.platform.views", "dptune.analysis", "dptune.cli"},
+    "platform/sweep": {"dptune.platform.views", "dptune.analysis", "dptune.cli"},
 }
 
 
@@ -78,7 +84,7 @@ def test_package_imports_only_what_its_layer_allows(package):
 
 
 def test_analysis_uses_only_privacy_the_store_reader_and_pure_search_space_rules():
-    allowed = {"dptune.privacy", "dptune.schema", "dptune.search_spaces", "dptune.platform.store", "dptune.platform.layout",
+    allowed = {"dptune.privacy", "dptune.schema", "dptune.search_spaces", "dptune.platform.store.results_store", "dptune.platform.store.layout",
                "dptune.analysis", "dptune.errors", "dptune.registry"}   # the last two: standard library only
     bad = [(path.name, name) for path in package_files("analysis") for name in imports(path)
            if name.startswith("dptune") and not within(name, allowed)]
@@ -145,5 +151,5 @@ def test_accounting_loads_no_torch():
 
 
 def test_the_noise_curves_of_the_analysis_load_no_ray():
-    loaded = loaded_after("import dptune.analysis.noise")
+    loaded = loaded_after("import dptune.analysis.cumulative_noise")
     assert "ray" not in loaded and not any(m.startswith("dptune.trainables") for m in loaded)

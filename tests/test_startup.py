@@ -51,7 +51,7 @@ def test_help_imports_nothing_heavy(args):
 
 
 def test_query_imports_nothing_heavy(tmp_path):
-    from dptune.platform.store import ResultsStore
+    from dptune.platform.store.results_store import ResultsStore
 
     ResultsStore(str(tmp_path / "store")).write_trial({"trial_id": "t1", "accuracy": 0.5})
     proc, heavy = run_cli("query", "SELECT count(*) AS n, max(accuracy) AS acc FROM trials",
@@ -96,7 +96,7 @@ def test_the_sweep_driver_loads_no_torch_before_its_trials():
     """The driver plans, calibrates and starts Ray before any trial: what it imports for that (the
     sweep, its searcher, store callback and trial function) must not load torch, which only the
     trials' processes need (and the driver's store callback, once it reads a first checkpoint)."""
-    proc = subprocess.run([sys.executable, "-c", "import sys, dptune.platform.sweep; "
+    proc = subprocess.run([sys.executable, "-c", "import sys, dptune.platform.sweep.driver; "
                            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'timm'}))"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dptune
 from dptune.analysis.results import OPTION_COLUMNS
-from dptune.platform.records import AXES, STORED_FIELDS
+from dptune.platform.store.records import AXES, STORED_FIELDS
 from dptune.schema import FIELDS, METRICS, names
 from dptune.search_spaces.search_sections import SEARCHED_OPTIONS, TRIAL_OPTIONS
 
@@ -54,8 +54,8 @@ CHECKS = textwrap.dedent('''
     assert "--made-up-gain" in help_text and "a made-up option" in help_text, help_text
 
     # the store's trials row and the trackers' parameters (defaults filled in)
-    from dptune.platform.records import trial_row
-    from dptune.platform.trackers import _parameters
+    from dptune.platform.store.records import trial_row
+    from dptune.platform.sweep.trackers import _parameters
     config = {**configs[0], "made_up_gain": 0.25}
     rows = [trial_row("a", config, {"test_accuracy": 0.5}, status="finished"),
             trial_row("b", {**config, "made_up_gain": 2.0}, {"test_accuracy": 0.6}, status="finished")]
@@ -98,7 +98,7 @@ def test_the_lists_of_each_consumer_are_the_schemas():
 
 
 def test_every_metric_has_a_direction_and_the_store_names_it():
-    from dptune.platform.records import trial_row
+    from dptune.platform.store.records import trial_row
 
     assert {m.mode for m in METRICS.values()} <= {"max", "min"}
     row = trial_row("t", {"metric": "validation_accuracy", "epsilon": 1.0}, {"validation_accuracy": 0.7,
@@ -107,7 +107,7 @@ def test_every_metric_has_a_direction_and_the_store_names_it():
 
 
 def _spec_schema() -> dict:
-    from dptune.platform import spec_sections  # noqa: F401  (the platform's sections)
+    from dptune.platform.sweep import spec_sections  # noqa: F401  (the platform's sections)
     from dptune.search_spaces.spec_schema import spec_json_schema
 
     return spec_json_schema()
@@ -118,7 +118,7 @@ def test_every_shipped_spec_is_valid_under_the_published_json_schema():
     import jsonschema
     import yaml
 
-    from dptune.platform.layout import DEFAULT_SPEC
+    from dptune.platform.store.layout import DEFAULT_SPEC
 
     validator = jsonschema.Draft202012Validator(_spec_schema())
     jsonschema.Draft202012Validator.check_schema(validator.schema)

@@ -1,6 +1,6 @@
 """Analysis of a results store: heatmaps, gradient-norm distributions, C*, noise curves, report.
 
-Reads the store only through :class:`dptune.platform.store.ResultsStore` and uses
+Reads the store only through :class:`dptune.platform.store.results_store.ResultsStore` and uses
 :mod:`dptune.privacy`. Gradient-norm material (norm distributions, retention, C*) is computed
 from private examples and is **not** differentially private.
 

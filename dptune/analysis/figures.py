@@ -1,6 +1,6 @@
 """Matplotlib figures of the analysis (object API only: no pyplot state, any backend, any thread).
 
-Every function takes the tables of :mod:`.results`, :mod:`.noise` and :mod:`.gradnorms` and
+Every function takes the tables of :mod:`.results`, :mod:`.cumulative_noise` and :mod:`.gradnorms` and
 returns a :class:`~matplotlib.figure.Figure`; :func:`save` writes PNG and SVG, :func:`png_base64`
 embeds one in HTML. Awkward inputs (one C or one B, all trials errored, no finite value) give a
 readable panel instead of an exception.
@@ -22,7 +22,7 @@ from matplotlib.ticker import NullLocator
 
 from .optimal_clipping import ClipMSE, class_retention
 from .gradnorms import QUANTILE_COLUMNS, retention_curves, retention_grid
-from .noise import min_step_floor
+from .cumulative_noise import min_step_floor
 from .results import fmt
 
 MAX_COLUMNS = 4

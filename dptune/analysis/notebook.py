@@ -21,8 +21,8 @@ from functools import cached_property
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..platform.layout import ExperimentPaths
-from ..platform.store import ResultsStore
+from ..platform.store.layout import ExperimentPaths
+from ..platform.store.results_store import ResultsStore
 from .report import Analysis, analyse, gradnorm_figures, heatmap_figures, noise_figures
 
 

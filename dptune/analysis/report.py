@@ -21,12 +21,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..errors import UserError
-from ..platform.layout import ExperimentPaths
-from ..platform.store import ResultsStore
+from ..platform.store.layout import ExperimentPaths
+from ..platform.store.results_store import ResultsStore
 from . import figures
 from .denoise_cosine import cosine_curves, cosine_figure
 from .gradnorms import QUANTILE_COLUMNS, class_norms
-from .noise import MIN_STEPS, PLATEAU_TOL, cell_noise_curves
+from .cumulative_noise import MIN_STEPS, PLATEAU_TOL, cell_noise_curves
 from .results import Sweep, eta_note, fmt
 from .uncertainty import ALPHA, SINGLE_SEED, fixed_setting_lines, with_error_bars
 

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UserError
-from ..platform.store import ResultsStore
+from ..platform.store.results_store import ResultsStore
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
 from ..schema import FIELDS, HYPERPARAMETERS, METRICS, Metric, names
 

@@ -12,10 +12,10 @@ k-th time this process passes ``<point>``,
 The points (where they are called): ``trial_recorded`` (the store callback has written a trial's
 rows), ``storage_retry`` (a store write or checkpoint read failed and is about to be retried),
 ``searcher_saved`` (Ray Tune's snapshot of the searcher is written, the trial list just before it),
-and in the durable write of every file (:mod:`.durable`): ``durable_written`` (the bytes, not yet
+and in the durable write of every file (:mod:`dptune.platform.store.durable`): ``durable_written`` (the bytes, not yet
 fsynced), ``durable_synced`` (fsynced, not renamed), ``durable_renamed`` (renamed, the folder not
 yet fsynced); ``compact_deleted`` (a compaction deleted one of the files it merged). In a trial's
-own process (:mod:`.tune_adapter`): ``trial_checkpointed`` (a one-process trial reported an epoch
+own process (:mod:`dptune.platform.sweep.tune_adapter`): ``trial_checkpointed`` (a one-process trial reported an epoch
 with its checkpoint) and ``train_checkpointed`` (rank 0 of a multi-worker trial did): a test pauses
 the trial there and kills its node or a worker while it is certainly mid-trial. A trial's processes
 see ``DPTUNE_FAULTS`` when Ray was started with it in the environment.

@@ -3,7 +3,7 @@
 The rules are those of "On optimal hyperparameters for DP deep transfer learning" (ICLR 2026).
 Importing the package registers the search-space sections of the sweep spec. It imports neither
 Ray nor the trainables: the platform passes in what can be trained (a :class:`Catalog`) and turns
-a :class:`SweepPlan` into a Ray Tune searcher (``dptune.platform.searcher``).
+a :class:`SweepPlan` into a Ray Tune searcher (``dptune.platform.sweep.searcher``).
 """
 from . import search_sections as _search_sections  # noqa: F401  (registers the spec sections)
 from .batches import MIN_STEPS, PLATEAU_TOL, batch_plan, prune_batches

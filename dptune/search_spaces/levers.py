@@ -21,7 +21,7 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
   differ by what was run, not by what was measured (seen on the default sweep: transfer from ε = 8 left
   ε = 1's B = 32 and its best η unrun).
 
-- **packed trials** (``search.pack``, :mod:`dptune.platform.packs`): configurations that share the
+- **packed trials** (``search.pack``, :mod:`dptune.platform.sweep.packs`): configurations that share the
   data, the model, B, the seed, the epochs and the options and differ in C, η or ε train as one
   batched model, each still its own trial in the store, the trackers and ``dptune status``, each
   stopped alone by the scheduler; the same results as apart (up to float rounding). On by default for

@@ -7,7 +7,7 @@ a progress bar. They are grouped into **series**: the batch sizes of one (ε, δ
 epochs) in increasing order, calibrated one after the other so that each search starts from its
 neighbours' answer (``calibrate_noise_series``: about half the accountant evaluations); the series
 go to a process pool, longest first (or to the executor the caller passes: a sweep on a Ray cluster
-runs them as Ray tasks across it, :mod:`dptune.platform.ray_tasks`). Workers write the on-disk
+runs them as Ray tasks across it, :mod:`dptune.platform.sweep.ray_tasks`). Workers write the on-disk
 cache, so a second plan, and every trial on that machine, finds them there.
 """
 from __future__ import annotations

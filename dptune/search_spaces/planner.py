@@ -283,7 +283,7 @@ class CellPlan:
             rng = np.random.default_rng(self.sampler_seed())
             return [grid[i] for i in rng.choice(len(grid), size=self.num_configurations, replace=False)]
         raise ValueError("optuna proposes configurations while the sweep runs; use the platform's "
-                         "SweepSearcher (dptune.platform.searcher)")
+                         "SweepSearcher (dptune.platform.sweep.searcher)")
 
     def trials(self) -> list[dict]:
         """Trial configs of a grid or random search: every configuration once per seed (private

@@ -161,7 +161,7 @@ class Search:
     transfer_radius: int | None = None
     transfer_lr_scaling: str = "none"
     #: packed trials (``pack: on | off | N``): configurations that differ only in C, η and ε train as
-    #: one batched model (:mod:`dptune.platform.packs`); N: at most N members per pack (None: the default)
+    #: one batched model (:mod:`dptune.platform.sweep.packs`); N: at most N members per pack (None: the default)
     pack: bool = False
     pack_members: int | None = None
     #: the levers (scheduler, proxy, transfer, pack) the spec named; the others are decided by

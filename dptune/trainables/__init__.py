@@ -1,6 +1,6 @@
 """DP training without Ray, in folders by job: the DP step (``engine/``), the models (``models/``), the
 data (``data/``), one training run (``training.py``, the one training loop) and the privacy audit
-(``audit/``). The Ray Tune trainable that runs a trial is ``platform.trainable``.
+(``audit/``). The Ray Tune trainable that runs a trial is ``platform.sweep.dp_trial``.
 
 The public names below are imported on first use (PEP 562), so importing a light submodule
 (``dptune.trainables.config``, ``.registries``) does not pull in torch.

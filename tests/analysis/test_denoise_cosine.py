@@ -8,8 +8,8 @@ import pytest
 from dptune.analysis.denoise_cosine import COSINE_COLUMNS, cosine_curves
 from dptune.analysis.report import analyse, build_report
 from dptune.analysis.results import Sweep
-from dptune.platform.records import epoch_rows, trial_row
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.records import epoch_rows, trial_row
+from dptune.platform.store.results_store import ResultsStore
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.engine.denoise import COSINE_METRICS
 from dptune.trainables.training import train

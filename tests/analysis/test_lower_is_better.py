@@ -11,8 +11,8 @@ from dptune.analysis.figures import fixed_cost_figure, heatmap_figure
 from dptune.analysis.report import build_report, write_heatmaps
 from dptune.analysis.results import Sweep
 from dptune.analysis.uncertainty import with_error_bars
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep_status import best_setting
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.views.status import best_setting
 from test_results import trial
 
 CS, BS, LRS = (0.1, 1.0, 10.0), (32, 128), (1e-3, 1e-2)

@@ -12,9 +12,9 @@ from PIL import Image
 
 from dptune.analysis import optimal_clip
 from dptune.cli import main
-from dptune.platform.launcher import RunSettings
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import run_sweep
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import run_sweep
 from headless_browser import NO_BROWSER, chromium, run_headless
 from sweep_plans import digits_spec, plan_of
 

@@ -12,7 +12,7 @@ from matplotlib import image as mpimg
 from dptune.analysis.gradnorms import class_norms
 from dptune.analysis.report import build_report, write_heatmaps
 from dptune.analysis.results import Sweep
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.results_store import ResultsStore
 from headless_browser import NO_BROWSER, chromium, run_headless
 
 CS, BS, LRS = (0.1, 1.0, 10.0), (32, 128, 512), (0.5, 1.0, 2.0)

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from dptune.analysis.results import Sweep
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.results_store import ResultsStore
 
 
 def row(trial_id, c, acc, status="finished", epoch=4):

@@ -14,7 +14,7 @@ from dptune.analysis.results import Sweep
 from dptune.analysis.uncertainty import (ALPHA, SINGLE_SEED, compare_optima, indistinguishable, optimum_intervals,
                                          per_seed, with_error_bars)
 from dptune.analysis import figures
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.results_store import ResultsStore
 
 
 def trials(accuracies: dict, epsilon: float = 1.0, epochs: int = 2) -> list[dict]:

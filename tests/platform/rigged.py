@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from dptune.platform import tune_adapter
+from dptune.platform.sweep import tune_adapter
 from dptune.privacy import epsilon_spent
 
 #: First-epoch accuracy by clipping bound (grid order: C ascending).

@@ -8,10 +8,10 @@ import pytest
 
 from dptune.analysis.report import build_report
 from dptune.cli import main
-from dptune.platform.audits import audit
-from dptune.platform.layout import ExperimentPaths
-from dptune.platform.store import ResultsStore, to_json
-from dptune.platform.trial_config import resolved
+from dptune.platform.views.audit_command import audit
+from dptune.platform.store.layout import ExperimentPaths
+from dptune.platform.store.results_store import ResultsStore, to_json
+from dptune.platform.sweep.trial_config import resolved
 
 CONFIG = {"dataset": "digits", "model": "mlp", "model_options": {"hidden": 16}, "epsilon": 1.0, "epochs": 5,
           "batch_size": 128, "learning_rate": 0.5, "clip_bound": 1.0, "device": "cpu", "seed": 0}

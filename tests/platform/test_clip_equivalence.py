@@ -10,9 +10,9 @@ import pytest
 from ray.tune.search import Searcher
 
 from dptune.trainables.config import check_option
-from dptune.platform.searcher import SweepSearcher, chained
+from dptune.platform.sweep.searcher import SweepSearcher, chained
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
-from dptune.platform.trial_config import train_config
+from dptune.platform.sweep.trial_config import train_config
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import train
 from sweep_plans import levers_off
@@ -117,10 +117,10 @@ def test_a_sweep_stores_equivalent_trials_with_their_source_results(tmp_path):
     from it, not trained; its stored accuracy equals training C = 0.01 for real."""
     import ray
 
-    from dptune.platform.catalog import trainables_catalog
-    from dptune.platform.launcher import RunSettings
-    from dptune.platform.store import ResultsStore
-    from dptune.platform.sweep import run_sweep
+    from dptune.platform.sweep.catalog import trainables_catalog
+    from dptune.platform.sweep.launcher import RunSettings
+    from dptune.platform.store.results_store import ResultsStore
+    from dptune.platform.sweep.driver import run_sweep
 
     spec = {"axes": {"epsilon": 0.5, "backbone": "cnn", "dataset": "digits", "epochs": 2},
             "clip_bound": [0.01, 0.03], "batch_size": [128], "pruning": {"min_steps": 20, "max_batch_sizes": 1},
@@ -165,9 +165,9 @@ def test_auto_s_update_does_not_depend_on_the_clip():
 def test_an_equivalent_of_a_full_scale_run_beside_proxies_is_stored(tmp_path):
     """Beside proxy runs the store reads ``proxy_divisor`` as a nullable integer column, so the
     full-scale source's value is pandas' NA: its equivalent must still be written (Arrow refuses NA)."""
-    from dptune.platform.equivalence import EquivalenceLog, write_equivalent_rows
-    from dptune.platform.layout import ExperimentPaths
-    from dptune.platform.store import ResultsStore
+    from dptune.platform.sweep.equivalence import EquivalenceLog, write_equivalent_rows
+    from dptune.platform.store.layout import ExperimentPaths
+    from dptune.platform.store.results_store import ResultsStore
     import pandas as pd
 
     paths = ExperimentPaths(str(tmp_path / "exp"))

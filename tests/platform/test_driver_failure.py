@@ -13,7 +13,7 @@ import psutil
 import pytest
 import yaml
 
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.results_store import ResultsStore
 from faulting import await_pause, faulted_env
 from sweep_plans import levers_off
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
-from dptune.platform import spec_sections  # noqa: F401  (registers the platform's sections)
-from dptune.platform.catalog import trainables_catalog
+from dptune.platform.sweep import spec_sections  # noqa: F401  (registers the platform's sections)
+from dptune.platform.sweep.catalog import trainables_catalog
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.search_spaces.search_sections import SEARCHED_OPTIONS
 

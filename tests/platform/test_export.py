@@ -4,8 +4,8 @@ unfinished trial, a store with no released model."""
 import pytest
 
 from dptune.errors import NotFound, UserError
-from dptune.platform.export import export_release
-from dptune.platform.store import ResultsStore
+from dptune.platform.views.export import export_release
+from dptune.platform.store.results_store import ResultsStore
 
 
 def stored(tmp_path, **row) -> str:

@@ -20,8 +20,8 @@ import psutil
 import pytest
 import yaml
 
-from dptune.platform.launcher import _token_mode, private_ray_token
-from dptune.platform.store import ResultsStore
+from dptune.platform.sweep.launcher import _token_mode, private_ray_token
+from dptune.platform.store.results_store import ResultsStore
 from s3_server import free_ports
 from test_s3_sweep import N_TRIALS, SMALL
 

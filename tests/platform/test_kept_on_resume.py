@@ -13,10 +13,10 @@ import sys
 import pytest
 
 import rigged  # tests/platform/rigged.py
-from dptune.platform.launcher import RunSettings
-from dptune.platform.spec_sections import Resources
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import resume_sweep, run_sweep
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.sweep.spec_sections import Resources
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import resume_sweep, run_sweep
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 from sweep_plans import levers_off
 

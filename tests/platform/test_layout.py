@@ -9,10 +9,10 @@ import pyarrow.fs as pafs
 import pytest
 
 import dptune
-from dptune.platform import layout
-from dptune.platform.layout import (DEFAULT_EXPERIMENT, DEFAULT_STORAGE, REMOTE_ANALYSIS, ExperimentPaths, absolute,
+from dptune.platform.store import layout
+from dptune.platform.store.layout import (DEFAULT_EXPERIMENT, DEFAULT_STORAGE, REMOTE_ANALYSIS, ExperimentPaths, absolute,
                                     is_uri)
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.results_store import ResultsStore
 
 
 def test_local_experiment_paths():
@@ -57,8 +57,8 @@ def test_file_uri_uses_the_local_filesystem(tmp_path):
 
 
 def test_the_defaults_are_the_documented_ones():
-    from dptune.platform.launcher import RunSettings
-    from dptune.platform.query import DEFAULT_STORE
+    from dptune.platform.sweep.launcher import RunSettings
+    from dptune.platform.store.query import DEFAULT_STORE
 
     assert DEFAULT_STORAGE == "./dptune-results" and DEFAULT_EXPERIMENT == "default"
     assert DEFAULT_STORE == "./dptune-results/default/store"
@@ -147,4 +147,4 @@ def test_no_module_but_layout_rebuilds_the_storage_layout():
             found = layout_literals(path.read_text())
             if found:
                 offenders[str(path.relative_to(PACKAGE))] = found
-    assert not offenders, f"use dptune.platform.layout instead: {offenders}"
+    assert not offenders, f"use dptune.platform.store.layout instead: {offenders}"

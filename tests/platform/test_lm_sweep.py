@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from dptune.analysis.report import write_heatmaps
-from dptune.platform.catalog import trainables_catalog
-from dptune.platform.launcher import RunSettings
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import run_sweep
+from dptune.platform.sweep.catalog import trainables_catalog
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import run_sweep
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.trainables.data.generation import headline_pairs
 from lm_data import word_tokenizer

@@ -17,14 +17,14 @@ import ray
 import torch
 from torch.utils.data import TensorDataset
 
-from dptune.platform import tune_adapter
-from dptune.platform.launcher import RunSettings
-from dptune.platform.spec_sections import Resources
-from dptune.platform.sweep import run_sweep
-from dptune.platform.trial_config import train_config
+from dptune.platform.sweep import tune_adapter
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.sweep.spec_sections import Resources
+from dptune.platform.sweep.driver import run_sweep
+from dptune.platform.sweep.trial_config import train_config
 from faulting import await_pause, faulted_env, resume_from_pause
 from sweep_plans import digits_spec, plan_of
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.results_store import ResultsStore
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.data.catalog import load_dataset
 from dptune.trainables.engine.distributed import shard_bounds
@@ -189,7 +189,7 @@ def test_sweep_mixing_one_and_two_worker_trials_with_a_killed_worker(tmp_path, m
 
 
 def test_resources_section_names_the_bad_field():
-    from dptune.platform.spec_sections import parse_resources
+    from dptune.platform.sweep.spec_sections import parse_resources
     from dptune.search_spaces.spec import SpecError
 
     parsed = parse_resources({"workers": 2, "gpu": 1, "cpu": 4, "workers_from_batch_size": 4096}, None)
@@ -218,7 +218,7 @@ def test_resources_pick_w_and_the_placement_per_trial():
 
 
 def test_multi_worker_sweeps_bound_the_trials_tune_starts(local_ray):
-    from dptune.platform.launcher import max_concurrent
+    from dptune.platform.sweep.launcher import max_concurrent
 
     assert max_concurrent(RunSettings(resources=Resources(workers=1))) is None  # one-worker trials reserve their own resources
     assert max_concurrent(RunSettings(resources=Resources(max_concurrent=5, workers=2))) == 5

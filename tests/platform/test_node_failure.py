@@ -6,10 +6,10 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from dptune.platform.launcher import RunSettings
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import run_sweep
-from dptune.platform.trial_config import train_config
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import run_sweep
+from dptune.platform.sweep.trial_config import train_config
 from dptune.trainables.training import train
 from faulting import await_pause, faulted_env, resume_from_pause
 from sweep_plans import digits_spec, plan_of

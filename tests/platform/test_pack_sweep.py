@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from ray.tune.schedulers.async_hyperband import _Bracket
 
-from dptune.platform.launcher import RunSettings
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import run_sweep
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import run_sweep
 from sweep_plans import digits_spec, plan_of
 
 
@@ -103,7 +103,7 @@ def test_a_member_that_ended_leaves_the_live_views_at_the_report_that_says_so():
     the trial); the pack's end then passes on only the others, each once."""
     from types import SimpleNamespace
 
-    from dptune.platform.packs import PerMember
+    from dptune.platform.sweep.packs import PerMember
 
     pack = SimpleNamespace(trial_id="p", config={"pack": [{"clip_bound": 1.0}, {"clip_bound": 2.0}, {"clip_bound": 3.0}]},
                            last_result=None)

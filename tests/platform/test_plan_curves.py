@@ -7,10 +7,10 @@ import dptune.privacy.prv as prv
 from dptune.privacy import cache, epsilon_spent
 from dptune.privacy.schedule import epoch_end_steps
 from dptune.trainables.training import Trainer
-from dptune.platform.trial_config import train_config
+from dptune.platform.sweep.trial_config import train_config
 from sweep_plans import digits_spec
 
-from dptune.platform.catalog import trainables_catalog
+from dptune.platform.sweep.catalog import trainables_catalog
 from dptune.search_spaces import load_spec, plan_sweep
 
 

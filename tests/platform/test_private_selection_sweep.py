@@ -12,13 +12,13 @@ import torch
 
 from dptune.analysis.report import build_report
 from dptune.errors import UserError
-from dptune.platform.catalog import trainables_catalog
-from dptune.platform.export import export_release
-from dptune.platform.launcher import RunSettings
-from dptune.platform.query import run_query
-from dptune.platform.selection import release_selections
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import run_sweep
+from dptune.platform.sweep.catalog import trainables_catalog
+from dptune.platform.views.export import export_release
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.store.query import run_query
+from dptune.platform.sweep.selection_release import release_selections
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import run_sweep
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import train
@@ -35,8 +35,8 @@ SPEC = {"axes": {"epsilon": 3, "backbone": {"name": "mlp", "hidden": 16}, "datas
 def counted_accuracy(result) -> dict:
     """Test and validation accuracy of a trial's final checkpoint: its model rebuilt and every
     example of each split predicted one by one."""
-    from dptune.platform.trial_config import train_config
-    from dptune.platform.tune_adapter import checkpoint_state
+    from dptune.platform.sweep.trial_config import train_config
+    from dptune.platform.sweep.tune_adapter import checkpoint_state
     from dptune.trainables.training import Trainer
 
     state = checkpoint_state(result.checkpoint)["trainer"]
@@ -123,7 +123,7 @@ def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     from safetensors.torch import load_file
 
     from dptune.cli import main
-    from dptune.platform.tune_adapter import checkpoint_state
+    from dptune.platform.sweep.tune_adapter import checkpoint_state
 
     assert main(["export", settings.paths.root, "--out", str(tmp_path / "release")], out=io.StringIO()) == 0
     (folder,) = (tmp_path / "release").iterdir()

@@ -1,7 +1,7 @@
 """The sweep's one line per ended trial says whether a scheduler stopped it."""
 from types import SimpleNamespace
 
-from dptune.platform.progress import TrialLines
+from dptune.platform.sweep.progress import TrialLines
 
 
 def ended(trial_id: str, step: int, steps: int) -> SimpleNamespace:

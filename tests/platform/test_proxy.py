@@ -7,7 +7,7 @@ import pytest
 from ray.tune.search import Searcher
 
 from dptune.errors import UserError
-from dptune.platform.searcher import SweepSearcher
+from dptune.platform.sweep.searcher import SweepSearcher
 from dptune.privacy.schedule import num_steps
 from dptune.search_spaces import Catalog, SpecError, load_spec, plan_sweep
 from dptune.search_spaces.plan_table import format_plan
@@ -119,9 +119,9 @@ def test_a_proxy_sweep_stores_labelled_proxies_and_the_full_scale_answer(local_r
     from accounting_checks import assert_calibrated
     from sweep_plans import digits_spec, plan_of
 
-    from dptune.platform.launcher import RunSettings
-    from dptune.platform.store import ResultsStore
-    from dptune.platform.sweep import run_sweep, summary_table
+    from dptune.platform.sweep.launcher import RunSettings
+    from dptune.platform.store.results_store import ResultsStore
+    from dptune.platform.sweep.driver import run_sweep, summary_table
 
     plan = plan_of(digits_spec(epsilon=2.0, batch_size=[200, 400], clip_bound=(0.5, 2.0), epochs=2,
                                model_options={"hidden": 32}, search={"algorithm": "grid", "proxy": {"batch_divisor": 2}}))

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 
 from dptune.cli import EXIT_USAGE, main
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.results_store import ResultsStore
 
 
 def make_store(root):

@@ -12,8 +12,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from dptune.cli import EXIT_USAGE, main
-from dptune.platform import store as store_module
-from dptune.platform.store import QueryRefused, ResultsStore
+from dptune.platform.store import results_store as store_module
+from dptune.platform.store.results_store import QueryRefused, ResultsStore
 
 
 @pytest.fixture
@@ -165,7 +165,7 @@ def test_json_ends_with_a_newline_and_tables_show_written_at_as_a_time(store):
 
 
 def test_many_loose_files_bring_a_hint_to_compact(store, monkeypatch, capsys):
-    from dptune.platform import query
+    from dptune.platform.store import query
 
     assert main(["query", "SELECT 1 AS x", "--store", store.path], out=io.StringIO()) == 0
     assert "dptune compact" not in capsys.readouterr().err  # 2 files: no hint

@@ -17,7 +17,7 @@ import sys
 
 PROBE = r"""
 import json, os, stat, psutil, ray
-from dptune.platform.launcher import ray_token_file, start_ray
+from dptune.platform.sweep.launcher import ray_token_file, start_ray
 start_ray(num_cpus=1)
 @ray.remote
 def f():

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dptune.platform.ray_orphans import orphaned_ray_processes, stop_orphans
+from dptune.platform.sweep.ray_orphans import orphaned_ray_processes, stop_orphans
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

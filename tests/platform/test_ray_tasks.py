@@ -5,7 +5,7 @@ import math
 import pytest
 import ray
 
-from dptune.platform.ray_tasks import RayTasks
+from dptune.platform.sweep.ray_tasks import RayTasks
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.privacy.cache import clear_memory
 from dptune.search_spaces import NoiseRequest, calibrate_many, noise_table

@@ -16,11 +16,11 @@ import torch
 import yaml
 from ray import tune
 
-from dptune.platform.callbacks import StoreCallback
-from dptune.platform.layout import ExperimentPaths
-from dptune.platform.tune_adapter import STATE_FILE
+from dptune.platform.sweep.store_callback import StoreCallback
+from dptune.platform.store.layout import ExperimentPaths
+from dptune.platform.sweep.tune_adapter import STATE_FILE
 
-from dptune.platform.store import ResultsStore, StoreWriteError
+from dptune.platform.store.results_store import ResultsStore, StoreWriteError
 from faulting import await_pause, faulted_env, resume_from_pause
 from s3_server import serving, started
 from test_driver_failure import SPEC, dptune, kill_tree

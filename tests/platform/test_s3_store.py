@@ -4,8 +4,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from dptune.platform.layout import ExperimentPaths, filesystem
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.layout import ExperimentPaths, filesystem
+from dptune.platform.store.results_store import ResultsStore
 
 
 def trial(i: int, accuracy: float) -> dict:
@@ -79,8 +79,8 @@ def test_the_escape_table_on_s3_and_a_damaged_object_is_quarantined(s3, tmp_path
     row; an unreadable object is moved to quarantine/ with one warning and the queries answer."""
     from test_query_readonly import forbidden, reads_outside
 
-    from dptune.platform.store import QUARANTINE, QueryRefused
-    from dptune.platform.storage_check import check_storage
+    from dptune.platform.store.results_store import QUARANTINE, QueryRefused
+    from dptune.platform.store.storage_check import check_storage
 
     store = ResultsStore(ExperimentPaths.of(s3.uri("escape"), "exp").store)
     for i in range(3):

@@ -11,7 +11,7 @@ import tempfile
 import pyarrow.fs as pafs
 import yaml
 
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.results_store import ResultsStore
 from test_driver_failure import SPEC, dptune, kill_tree, killed_at
 
 #: the driver-failure spec made smaller (one ε, two epochs): 2 C × 2 B = 4 trials

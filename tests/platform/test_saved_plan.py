@@ -1,7 +1,7 @@
 """The plan a sweep ran is saved beside its store, keyed as the store's cells, for `dptune report`."""
-from dptune.platform.launcher import RunSettings
-from dptune.platform.layout import ExperimentPaths
-from dptune.platform.sweep import _save_plan
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.store.layout import ExperimentPaths
+from dptune.platform.sweep.driver import _save_plan
 from dptune.search_spaces import Catalog, batch_plan, load_spec, plan_sweep
 from sweep_plans import levers_off
 

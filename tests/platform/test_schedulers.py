@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from dptune.platform.launcher import RunSettings
-from dptune.platform.spec_sections import Resources
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import resume_sweep, run_sweep
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.sweep.spec_sections import Resources
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import resume_sweep, run_sweep
 from dptune.privacy import epsilon_spent
 from dptune.privacy.schedule import num_steps, sample_rate
 from dptune.search_spaces import SpecError, load_spec, plan_sweep
@@ -79,7 +79,7 @@ def test_scheduler_section_is_validated(catalog):
 
 
 def test_a_trial_config_is_flat_and_its_training_options_are_the_trainers(catalog):
-    from dptune.platform.trial_config import plan_figures, train_config, train_options
+    from dptune.platform.sweep.trial_config import plan_figures, train_config, train_options
     from dptune.search_spaces.planner import PLAN_FIELDS
     from dptune.trainables.config import FIELDS
 
@@ -196,7 +196,7 @@ def test_with_several_seeds_a_configuration_is_stopped_or_kept_on_all_its_seeds(
             assert not any('"follower"' in c for c in group[group.seed == 0].config_json)
     assert set(rows.status) == {"stopped", "finished"}
     # `dptune status` does not wait for the seeds of stopped configurations: the plan was an upper bound
-    from dptune.platform.sweep_status import read_status
+    from dptune.platform.views.status import read_status
 
     status = read_status(settings.paths.root)
     assert status.done and status.pending == 0 and status.unrun == 0 and len(rows) < 3 * plan.num_trials // 3
@@ -214,9 +214,9 @@ sys.path[:0] = [{here!r}, os.path.dirname({here!r})]
 import rigged, test_schedulers as t
 from ray import cloudpickle
 cloudpickle.register_pickle_by_value(rigged)
-from dptune.platform.launcher import RunSettings
-from dptune.platform.spec_sections import Resources
-from dptune.platform.sweep import run_sweep
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.sweep.spec_sections import Resources
+from dptune.platform.sweep.driver import run_sweep
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 catalog = Catalog(datasets=("toy",), backbones=("mlp",), dataset_size=lambda name: t.N)
 plan = plan_sweep(load_spec(t.spec_of({{"name": "asha", "grace_epochs": 1, "reduction_factor": t.RF}}), catalog),

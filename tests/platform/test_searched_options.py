@@ -4,7 +4,7 @@ import itertools
 from ray.tune.search import Searcher
 
 from dptune.trainables.config import check_option
-from dptune.platform.searcher import SweepSearcher, chained
+from dptune.platform.sweep.searcher import SweepSearcher, chained
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 from sweep_plans import levers_off
 

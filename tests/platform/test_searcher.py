@@ -11,7 +11,7 @@ from accounting_checks import assert_calibrated
 from sweep_plans import levers_off
 
 from dptune.trainables.config import check_option
-from dptune.platform.searcher import SweepSearcher
+from dptune.platform.sweep.searcher import SweepSearcher
 from dptune.search_spaces import Catalog, SpecError, load_spec, plan_sweep
 
 N, EPOCHS, SEARCHED_B = 200, 2, (5, 10, 20, 40)   # B = 100 has T = 4 < min_steps 5; 400 > N
@@ -205,7 +205,7 @@ def test_a_restored_searcher_hands_out_again_what_the_trial_snapshot_lost(catalo
     plan then ends exactly once, as in an uninterrupted run."""
     from ray.tune.experiment import Trial
 
-    from dptune.platform.searcher import RESTORED, reconcile_restored
+    from dptune.platform.sweep.searcher import RESTORED, reconcile_restored
 
     plan = plan_sweep(load_spec(toy_spec(), catalog), catalog, workers=1)
     uninterrupted = sorted(key(t) + (t["epsilon"],) for t in run(SweepSearcher(plan, metric="accuracy",

@@ -1,6 +1,6 @@
 """Store rows of a trial selected on a validation split: validation and test accuracy side by side,
 labelled not private (issue 12, item 4); backbone and dataset columns carry their options."""
-from dptune.platform.records import trial_row
+from dptune.platform.store.records import trial_row
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import Trainer
 

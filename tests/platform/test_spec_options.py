@@ -5,8 +5,8 @@ import re
 import numpy as np
 import pytest
 
-from dptune.platform.catalog import trainables_catalog
-from dptune.platform.trial_config import train_options
+from dptune.platform.sweep.catalog import trainables_catalog
+from dptune.platform.sweep.trial_config import train_options
 from dptune.search_spaces import SearchSpace, SpecError, load_spec, plan_sweep
 from dptune.search_spaces.search_sections import AxisValue
 from dptune.trainables.config import TrainConfig
@@ -64,7 +64,7 @@ def test_bad_options_are_refused_before_ray_starts(tmp_path):
     import ray
     import yaml
 
-    from dptune.platform.sweep import prepare
+    from dptune.platform.sweep.driver import prepare
 
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec([{"name": "cnn", "peft": "lora"}])))

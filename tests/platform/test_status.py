@@ -10,8 +10,8 @@ import tempfile
 import yaml
 
 from dptune.cli import main
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep_status import best_setting
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.views.status import best_setting
 from faulting import await_pause, faulted_env, resume_from_pause
 from sweep_plans import levers_off
 

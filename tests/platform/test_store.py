@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dptune.platform.store import MAX_PARTS, ResultsStore
+from dptune.platform.store.results_store import MAX_PARTS, ResultsStore
 
 
 def write(store, trial_id, acc, epochs=2):

@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from dptune.errors import UserError
-from dptune.platform import durable
-from dptune.platform.durable import DamagedFile
-from dptune.platform.layout import ExperimentPaths
-from dptune.platform.query_limits import QueryLimits
-from dptune.platform.store import QUARANTINE, TABLES, QueryRefused, ResultsStore, StoreWriteError
+from dptune.platform.store import durable
+from dptune.platform.store.durable import DamagedFile
+from dptune.platform.store.layout import ExperimentPaths
+from dptune.platform.store.query_limits import QueryLimits
+from dptune.platform.store.results_store import QUARANTINE, TABLES, QueryRefused, ResultsStore, StoreWriteError
 
 EPOCHS = 3
 
@@ -104,7 +104,7 @@ def _stored(store: ResultsStore) -> tuple[dict, dict]:
 
 def test_a_crash_at_any_point_loses_no_written_row_and_resume_leaves_each_once(tmp_path):
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["dptune.platform.store"])
+    context.set_forkserver_preload(["dptune.platform.store.results_store"])
     survived, points = 0, 0
     for point, hits in POINTS.items():
         for k in range(1, hits + 1):
@@ -145,7 +145,7 @@ def _small_filesystem(folder: Path) -> bool:
 
 
 def test_a_full_disk_loses_nothing_stored_and_the_row_arrives_once_space_is_back(tmp_path, monkeypatch):
-    from dptune.platform.callbacks import StoreCallback
+    from dptune.platform.sweep.store_callback import StoreCallback
 
     folder = tmp_path / "small"
     mounted = _small_filesystem(folder)
@@ -168,7 +168,7 @@ def test_a_full_disk_loses_nothing_stored_and_the_row_arrives_once_space_is_back
                     raise OSError(errno.ENOSPC, "No space left on device")
                 return real(fs, path, data)
             ballast.touch()
-            monkeypatch.setattr("dptune.platform.store.write_bytes", full)
+            monkeypatch.setattr("dptune.platform.store.results_store.write_bytes", full)
         with pytest.raises(StoreWriteError, match="No space left"):
             write(store, 1)
         assert not list(folder.glob("store/**/.*.tmp"))                  # nothing half-written left
@@ -195,7 +195,7 @@ def test_a_full_disk_loses_nothing_stored_and_the_row_arrives_once_space_is_back
 # -- damaged state files; files that must not run code -------------------------------------------
 
 def test_damaged_settings_plan_and_state_are_refused_in_one_line(tmp_path):
-    from dptune.platform.sweep import _load_settings
+    from dptune.platform.sweep.driver import _load_settings
 
     paths = ExperimentPaths(str(tmp_path / "exp"))
     paths.create()
@@ -231,7 +231,7 @@ class Planted:
 def test_a_planted_checkpoint_does_not_run_code(tmp_path, monkeypatch):
     import torch
 
-    from dptune.platform.checkpoints import checkpoint_gradients
+    from dptune.platform.views.checkpoint_gradients import checkpoint_gradients
 
     marker = tmp_path / "ran"
     monkeypatch.setenv("PLANTED", str(marker))
@@ -254,7 +254,7 @@ def test_model_options_are_config_settings_never_loading_options():
 
 
 def test_experiment_names_are_matched_whole():
-    from dptune.platform.spec_sections import parse_experiment
+    from dptune.platform.sweep.spec_sections import parse_experiment
 
     with pytest.raises(Exception, match="experiment: must be a name"):
         parse_experiment("exp\n", None)
@@ -262,7 +262,7 @@ def test_experiment_names_are_matched_whole():
 
 
 def test_storage_that_cannot_take_a_write_is_refused_in_one_line(tmp_path):
-    from dptune.platform.storage_check import check_storage
+    from dptune.platform.store.storage_check import check_storage
 
     check_storage(str(tmp_path / "new" / "folder"))        # created, probed, left empty
     assert list((tmp_path / "new" / "folder").iterdir()) == []

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from dptune.platform.launcher import RunSettings
-from dptune.platform.store import ResultsStore
-from dptune.platform.sweep import run_sweep
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.store.results_store import ResultsStore
+from dptune.platform.sweep.driver import run_sweep
 from accounting_checks import assert_calibrated
 from sweep_plans import digits_spec, plan_of
 

@@ -9,8 +9,8 @@ import ray
 
 from dptune.cli import EXIT_USAGE, _refuse_earlier_run, main
 from dptune.errors import UserError
-from dptune.platform.layout import SETTINGS_FILE, ExperimentPaths
-from dptune.platform.store import ResultsStore
+from dptune.platform.store.layout import SETTINGS_FILE, ExperimentPaths
+from dptune.platform.store.results_store import ResultsStore
 
 TINY_SPEC = """
 axes: {epsilon: [2], delta: 1.0e-5, backbone: [mlp], dataset: [digits], epochs: [1]}

@@ -7,11 +7,11 @@ import struct
 import pytest
 import ray
 
-from dptune.platform import trackers
-from dptune.platform.launcher import RunSettings
-from dptune.platform.sweep import run_sweep
+from dptune.platform.sweep import trackers
+from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.sweep.driver import run_sweep
 from dptune.search_spaces import SpecError, load_spec
-from dptune.platform.catalog import trainables_catalog
+from dptune.platform.sweep.catalog import trainables_catalog
 from sweep_plans import digits_spec, plan_of
 
 EPOCHS = 2
@@ -182,7 +182,7 @@ def test_each_member_of_a_pack_is_a_run_of_its_own(tmp_path):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from dptune.platform.store import ResultsStore
+    from dptune.platform.store.results_store import ResultsStore
 
     spec = digits_spec(epsilon=[4.0], batch_size=[64], multipliers=[1.0, 4.0], epochs=EPOCHS, model_options={"hidden": 16},
                        search={"pack": "on"}, tracking={"mlflow": {"experiment": "packed"}, "tensorboard": True,

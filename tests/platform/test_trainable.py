@@ -6,9 +6,9 @@ import pytest
 import torch
 from ray import tune
 
-from dptune.platform.tune_adapter import STATE_FILE, restorable_state
+from dptune.platform.sweep.tune_adapter import STATE_FILE, restorable_state
 
-from dptune.platform.trainable import check_plan
+from dptune.platform.sweep.dp_trial import check_plan
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import Trainer
 

@@ -3,7 +3,7 @@ import io
 from pathlib import Path
 
 from dptune.cli import EXIT_OK, EXIT_USAGE, main
-from dptune.platform.catalog import trainables_catalog
+from dptune.platform.sweep.catalog import trainables_catalog
 from dptune.search_spaces import batch_plan, load_spec, plan_sweep
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits_small.yaml"
@@ -31,7 +31,7 @@ def test_plan_prints_a_table_per_cell_and_the_totals():
 
 def test_plan_without_a_spec_plans_the_embedded_default():
     """Issue 33, item 7: `dptune plan` plans what `dptune sweep` runs when given no SPEC."""
-    from dptune.platform.layout import DEFAULT_SPEC
+    from dptune.platform.store.layout import DEFAULT_SPEC
 
     buf = io.StringIO()
     assert main(["plan", "--quiet"], out=buf) == EXIT_OK
@@ -68,7 +68,7 @@ def test_format_plan_marks_declared_sizes_unsearched_and_empty_cells(catalog, to
 def test_the_default_specs_comment_says_how_many_trials_it_runs():
     import re
 
-    from dptune.platform import spec_sections  # noqa: F401  (the platform's sections)
+    from dptune.platform.sweep import spec_sections  # noqa: F401  (the platform's sections)
 
     default = Path(__file__).parents[2] / "dptune" / "platform" / "specs" / "default.yaml"
     said = int(re.search(r"(\d+) short trials", default.read_text()).group(1))

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dptune.platform.catalog import trainables_catalog
+from dptune.platform.sweep.catalog import trainables_catalog
 from dptune.search_spaces import SearchSpace, SpecError, load_spec, plan_sweep
 
 from sweep_plans import levers_off

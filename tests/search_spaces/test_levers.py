@@ -8,8 +8,8 @@ import pytest
 from ray.tune.schedulers.async_hyperband import _Bracket
 
 from dptune.search_spaces.spec import SpecError
-from dptune.platform.pack_policy import PackPolicy
-from dptune.platform.spec_sections import Resources
+from dptune.platform.sweep.pack_policy import PackPolicy
+from dptune.platform.sweep.spec_sections import Resources
 from dptune.privacy.schedule import epoch_end_steps
 from dptune.search_spaces import SearchSpace, load_spec, plan_sweep
 from dptune.search_spaces.levers import DEFAULT_SCHEDULER, decision_steps, halving_steps, with_levers

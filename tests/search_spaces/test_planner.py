@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from accounting_checks import assert_calibrated
-from dptune.platform.trial_config import train_options
+from dptune.platform.sweep.trial_config import train_options
 from dptune.privacy import calibrate_noise, epsilon_spent
 from dptune.privacy.cache import clear_memory
 from dptune.search_spaces import NoiseRequest, calibrate_many, load_spec, plan_sweep

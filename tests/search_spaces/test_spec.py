@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from dptune.platform.catalog import trainables_catalog
+from dptune.platform.sweep.catalog import trainables_catalog
 from dptune.search_spaces import SearchSpace, SpecError, load_spec, register_check, register_section
 from dptune.search_spaces import spec as spec_module
 from dptune.search_spaces.search_sections import AxisValue

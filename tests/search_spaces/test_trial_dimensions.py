@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from dptune.platform.trial_config import train_options
+from dptune.platform.sweep.trial_config import train_options
 from dptune.trainables.config import check_option
-from dptune.platform.catalog import trainables_catalog
+from dptune.platform.sweep.catalog import trainables_catalog
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.search_spaces.spec import SpecError
 from dptune.trainables.config import TrainConfig

@@ -10,7 +10,7 @@ from torch import nn
 from per_example_reference import clipped_sum_loop
 
 from dptune.cli import build_parser
-from dptune.platform.records import epoch_rows
+from dptune.platform.store.records import epoch_rows
 from dptune.trainables import DPEngine, rmt_denoise
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.engine.denoise import COSINE_METRICS, RMTDenoiser, epoch_cosine_metrics, rmt_denoise_matrices

@@ -125,9 +125,9 @@ def test_training_with_a_validation_split_selects_on_it_and_reports_test_accurac
 
 
 def test_the_planner_calibrates_for_the_examples_trained_on():
-    from dptune.platform.catalog import trainables_catalog
-    from dptune.platform.trainable import check_plan
-    from dptune.platform.trial_config import plan_figures, train_config
+    from dptune.platform.sweep.catalog import trainables_catalog
+    from dptune.platform.sweep.dp_trial import check_plan
+    from dptune.platform.sweep.trial_config import plan_figures, train_config
     from dptune.search_spaces import load_spec, plan_sweep
 
     spec = {"axes": {"epsilon": 2, "backbone": {"name": "mlp", "hidden": 16}, "dataset": "digits", "epochs": 1},

@@ -20,7 +20,7 @@ shard and match only in distribution. The per-sample norms and labels (non-priva
 are gathered from all workers at the end of each epoch.
 
 This module uses ``torch.distributed`` only (gloo on CPU, NCCL on GPU); starting the workers is
-the platform's job (Ray Train, ``dptune.platform.multi_worker``).
+the platform's job (Ray Train, ``dptune.platform.sweep.multi_worker``).
 """
 from __future__ import annotations
 

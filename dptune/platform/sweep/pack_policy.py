@@ -1,0 +1,117 @@
+"""Which trial configs of a sweep train together in one pack (``search.pack``), and how the searcher
+groups them: no Ray, no torch (``dptune plan`` prints each cell's packs from here).
+
+Trial configs that may share a model (:func:`pack_key`: everything but C, η, ε, σ and the figures
+that follow from them — the same data, model, B, seed, epochs and options, so the same Poisson batches
+and initial weights) are grouped into a pack of at most :attr:`PackPolicy.max_members`; a config that
+cannot be packed (:meth:`PackPolicy.refusal`) or has no partner runs as before. A pack's Ray Tune config
+is ``{"pack": [member trial configs]}``; :mod:`dptune.platform.sweep.packs` makes its members trials everywhere else.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ...schema.trial import PACK_MEMBER_FIELDS
+
+if TYPE_CHECKING:
+    from ...search_spaces.planner import CellPlan
+    from ...search_spaces.search_sections import Search
+    from .spec_sections import Resources
+
+#: The key of a pack's Ray Tune config: its members' trial configs.
+PACK = "pack"
+#: Members of a pack at most (more share one model's memory and one step's time).
+MAX_MEMBERS = 32
+#: The largest B packed on a CPU: where a pack was measured to pay there (BENCHMARKS.md, session 15:
+#: 2.25× at B = 32, 1.2–1.3× at B = 128, 0.8–1.0× at B = 512).
+CPU_MAX_BATCH_SIZE = 128
+#: Keys of a trial config that may differ between the members of a pack: the member fields and the
+#: plan's figures that follow from them (the cell names ε; σ√T; η's multiplier).
+MEMBER_KEYS = (*PACK_MEMBER_FIELDS, "cell", "noise_sqrt_steps", "lr_multiplier")
+
+
+@dataclass(frozen=True)
+class PackPolicy:
+    """Which trial configs are packed, and how many together: private ones without denoising,
+    diagnostics or private selection, at B ≤ ``max_batch_size`` (None: any B, as on a GPU)."""
+
+    max_members: int = MAX_MEMBERS
+    max_batch_size: int | None = CPU_MAX_BATCH_SIZE
+
+    @classmethod
+    def for_sweep(cls, search: "Search", resources: "Resources") -> "PackPolicy | None":
+        """The sweep's policy (None: nothing is packed: the lever is off, or trials span several
+        workers): any B on a GPU, B ≤ :data:`CPU_MAX_BATCH_SIZE` on a CPU; at most
+        ``search.pack: N`` members (default :data:`MAX_MEMBERS`)."""
+        if not search.pack or resources.workers > 1:
+            return None
+        return cls(max_members=search.pack_members or MAX_MEMBERS,
+                   max_batch_size=None if resources.gpu > 0 else CPU_MAX_BATCH_SIZE)
+
+    def refusal(self, config: dict) -> str | None:
+        """Why a trial config runs alone, not in a pack (None: it may share one)."""
+        if not math.isfinite(float(config.get("epsilon", math.inf))):
+            return "non-private: no clipping to pack"
+        for option in ("denoise", "diagnostics"):
+            if config.get(option):
+                return f"{option} is not supported in a pack"
+        if config.get("score_noise") is not None:
+            return "private selection's noisy score has no packed path"
+        if self.max_batch_size is not None and int(config.get("batch_size", 0)) > self.max_batch_size:
+            return f"B > {self.max_batch_size} on a CPU, where a pack does not pay"
+        return None
+
+    def packable(self, config: dict) -> bool:
+        return self.refusal(config) is None
+
+    def cell_line(self, plan: "CellPlan") -> str:
+        """What a cell packs, for ``dptune plan``: which B train in packs (of how many at most) and
+        why the others run alone."""
+        reasons: dict[str, list[int]] = {}
+        packed = []
+        for b in plan.searched_batch_sizes:
+            config = {"epsilon": plan.cell.epsilon, "batch_size": b, **plan.space.trial.fixed}
+            why = self.refusal(config)
+            if why is None:
+                packed.append(b)
+            else:
+                reasons.setdefault(why, []).append(b)
+        parts = ([f"B={', '.join(map(str, packed))}: configurations that differ only in C, η (and ε) "
+                  f"train together, ≤ {self.max_members} per pack"] if packed else [])
+        parts += [f"B={', '.join(map(str, bs))}: each alone ({why})" for why, bs in reasons.items()]
+        return "  packs: " + "; ".join(parts)
+
+
+def pack_key(config: dict) -> str:
+    """What the members of a pack share: the trial config without its :data:`MEMBER_KEYS`."""
+    return repr(sorted((k, repr(v)) for k, v in config.items() if k not in MEMBER_KEYS))
+
+
+def take_pack(pending: deque, policy: PackPolicy) -> list:
+    """Remove from ``pending`` (entries ``(cell, proposal id, trial config)``) its first entry and
+    every later one that can share its pack, up to ``policy.max_members``; the rest keep their order."""
+    first = pending.popleft()
+    if not policy.packable(first[2]):
+        return [first]
+    key, taken, rest = pack_key(first[2]), [first], deque()
+    while pending:
+        entry = pending.popleft()
+        if len(taken) < policy.max_members and policy.packable(entry[2]) and pack_key(entry[2]) == key:
+            taken.append(entry)
+        else:
+            rest.append(entry)
+    pending.extend(rest)
+    return taken
+
+
+def pack_config(members: list[dict]) -> dict:
+    """The Ray Tune config of a pack of trial configs (one config: that config itself)."""
+    return members[0] if len(members) == 1 else {PACK: list(members)}
+
+
+def member_configs(config: dict) -> list[dict]:
+    """The trial configs a Ray Tune config stands for: a pack's members, or itself."""
+    return list(config[PACK]) if PACK in config else [config]

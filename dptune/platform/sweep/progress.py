@@ -1,0 +1,49 @@
+"""The sweep's own progress log: one line per ended trial (Ray Tune's tables and boxes are behind
+``dptune sweep --verbose``)."""
+from __future__ import annotations
+
+import sys
+import time
+
+from ray import tune
+
+from ...schema import METRICS
+from ..store.records import stopped_early
+
+
+class TrialLines(tune.Callback):
+    """Prints ``[k/total] status cell C B η: the selected metric, ε spent (seconds)`` when a trial ends."""
+
+    def __init__(self, total: int | None = None) -> None:
+        self.total = total
+        self.ended = 0
+        self._started: dict[str, float] = {}
+
+    def on_trial_start(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
+        self._started.setdefault(trial.trial_id, time.monotonic())
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
+        self._line(trial, "stopped" if stopped_early(trial.last_result) else "finished")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
+        self._line(trial, "ERRORED")
+
+    def _line(self, trial: "tune.experiment.Trial", status: str) -> None:
+        self.ended += 1
+        train = meta = trial.config if isinstance(trial.config, dict) else {}
+        last = trial.last_result or {}
+        count = f"{self.ended}/{self.total}" if self.total else str(self.ended)
+        parts = [f"[{count}]", f"{status:<8}", str(meta.get("cell", trial.trial_id))]
+        if "clip_bound" in train:
+            parts.append(f"C={train['clip_bound']:g} B={train.get('batch_size')} η={train.get('learning_rate', 0):.3g}"
+                         + (f" seed={train['seed']}" if "seed" in train else ""))
+        metric = train.get("metric", "test_accuracy")
+        value = last.get(metric)
+        if value is not None:
+            parts.append(f"{METRICS[metric].short if metric in METRICS else metric} {value:.4f}")
+        if "epsilon_spent" in last:
+            parts.append(f"ε {last['epsilon_spent']:.3g}")
+        started = self._started.pop(trial.trial_id, None)
+        if started is not None:
+            parts.append(f"({time.monotonic() - started:.1f} s)")
+        print("  ".join(parts), file=sys.stdout, flush=True)

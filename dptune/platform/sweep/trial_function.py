@@ -1,0 +1,28 @@
+"""The Ray Tune function of a DP trial, importable without torch.
+
+Ray Tune pickles the trial function by reference, so the sweep's driver imports the module that
+defines it: this one is light, and the trial's body (:mod:`dptune.platform.sweep.dp_trial`: torch, the trainer) is
+imported in the trial's own process. The driver then starts Ray and calibrates σ without spending
+seconds loading torch first.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .pack_policy import PACK
+
+
+def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
+    """One DP trial: :func:`dptune.platform.sweep.dp_trial.run_trial` (``on_workers``: a multi-worker trial's Ray Train
+    run, set by the launcher), or a pack of trials (:mod:`dptune.platform.sweep.packs`): :func:`dptune.platform.sweep.pack_trial.run_pack`."""
+    from ...timeline import mark
+
+    mark("trial_entered", cell=config.get("cell"), seed=config.get("seed"))
+    if PACK in config:
+        from .pack_trial import run_pack
+
+        run_pack(config)
+        return
+    from .dp_trial import run_trial
+
+    run_trial(config, on_workers)
