@@ -1,7 +1,8 @@
 """Issue 27: the KubeRay manifests in deploy/kuberay/ checked field by field against the RayCluster
 and RayJob specifications of KubeRay v1.7.0 (ray-operator/apis/ray/v1/raycluster_types.go and
 rayjob_types.go, read in ray-project/kuberay; the checks below are written from those Go types, no
-file of KubeRay is copied), their images and Ray version against the project's Ray, and the
+file of KubeRay is copied), every pod template in them with a real Kubernetes schema validator
+(kubernetes-validate, strict), their images and Ray version against the project's Ray, and the
 RayJob's entrypoint against dptune's own command line."""
 import re
 import shlex
@@ -160,3 +161,46 @@ def test_a_broken_copy_fails_the_checks(breakage, message):
     breakage(spec)
     with pytest.raises(AssertionError, match=re.escape(message)):
         check(spec, RAY_CLUSTER_SPEC, "RayCluster.spec")
+
+
+#: Kubernetes release whose published schemas (bundled in kubernetes-validate) check the pods.
+KUBERNETES = "1.33"
+
+
+def pod_templates() -> list[tuple[str, dict]]:
+    """Every pod template of the manifests: the head's and each worker group's, and the RayJob's
+    submitter."""
+    pods = []
+    for name, spec in cluster_specs():
+        pods.append((f"{name}: head", spec["headGroupSpec"]["template"]))
+        pods += [(f"{name}: {g['groupName']}", g["template"]) for g in spec["workerGroupSpecs"]]
+    pods.append(("rayjob.yaml: submitter", manifests()["rayjob.yaml"]["spec"]["submitterPodTemplate"]))
+    return pods
+
+
+def validate_pod(template: dict) -> None:
+    """Validate a pod template with a real Kubernetes schema validator (kubernetes-validate, strict:
+    an unknown field is an error): as the ``template`` of a core/v1 PodTemplate, the one Kubernetes
+    kind that is a bare PodTemplateSpec. RayCluster and RayJob are custom resources, whose schemas
+    the validator does not ship: their own fields are checked above, from KubeRay's Go types."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "pod"},
+                                  "template": template}, KUBERNETES, strict=True)
+
+
+@pytest.mark.parametrize("name,template", pod_templates(), ids=[n for n, _ in pod_templates()])
+def test_every_pod_template_is_a_valid_kubernetes_pod(name, template):
+    validate_pod(template)
+
+
+@pytest.mark.parametrize("breakage", [
+    lambda pod: pod["spec"]["containers"][0].update(imagePullPolcy="Always"),          # a misspelled field
+    lambda pod: pod["spec"]["containers"][0].update(ports=[{"containerPort": "8265"}]),  # a string port
+    lambda pod: pod["spec"].pop("containers"),                                          # a pod without containers
+])
+def test_the_validator_refuses_a_broken_pod(breakage):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    template = pod_templates()[0][1]
+    breakage(template)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_pod(template)
