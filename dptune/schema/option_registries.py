@@ -8,6 +8,7 @@ denoiser or a diagnostic is one line here and its implementation in its own modu
 """
 from __future__ import annotations
 
+from ..privacy.mechanisms import MECHANISMS
 from ..privacy.randomness_modes import RANDOMNESS  # noqa: F401  (the randomness modes; the first is the default)
 from ..registry import Registry
 
@@ -21,11 +22,12 @@ CLIP_FNS: Registry = Registry("clip_fn")
 CLIP_FNS.register_lazy("flat", f"{_T}engine.clip_factors:flat_clip")
 CLIP_FNS.register_lazy("auto_s", f"{_T}engine.clip_factors:auto_s_clip")
 
-#: The book-keeping hook engine with the exact (ghost / materialised) weight norms or a randomised
-#: estimator. Every entry needs an accountant of the same name (``privacy.mechanisms``).
+#: The per-sample engine of each ``norm_estimator``: the book-keeping hook engine with that estimator
+#: (exact: ghost or materialised weight norms; or a randomised one). One entry per accountant
+#: (``privacy.mechanisms.MECHANISMS``), under the same name: the names are declared once, there.
 NORM_ENGINES: Registry = Registry("norm_estimator")
-for _name, _weights in (("exact", "ghost"), ("hutchinson", "hutchinson"), ("hutchpp", "hutchpp")):
-    NORM_ENGINES.register_lazy(_name, f"{_T}engine.book_keeping:BookKeepingEngine", estimator=_weights)
+for _name in MECHANISMS:
+    NORM_ENGINES.register_lazy(_name, f"{_T}engine.book_keeping:BookKeepingEngine", estimator=_name)
 
 DENOISERS: Registry = Registry("denoise")
 DENOISERS.register_lazy("rmt", f"{_T}engine.denoise:RMTDenoiser")

@@ -159,6 +159,21 @@ def test_randomized_estimators_are_registered_and_need_k():
         DPEngine(model, LOSS, clip_bound=1.0, noise_multiplier=1.0, expected_batch_size=4, norm_estimator="hutchinson")
 
 
+def test_each_norm_estimator_is_one_name_from_the_accountant_to_the_layer_rule():
+    """A ``norm_estimator`` keeps its name from the accountant (``MECHANISMS``) through the engine
+    registry to the estimator the layer rules apply: no second set of keys to keep in step."""
+    from dptune.privacy.mechanisms import MECHANISMS
+    from dptune.trainables.engine.norm_estimators import RANDOMISED_WEIGHT_NORMS
+
+    assert list(NORM_ENGINES) == list(MECHANISMS)
+    assert set(RANDOMISED_WEIGHT_NORMS) == set(MECHANISMS) - {"exact"}
+    model = create_model("mlp", num_classes=3, input_shape=(4,))
+    for name in MECHANISMS:
+        assert NORM_ENGINES.get(name)(model, LOSS, sketch_k=2).ctx.estimator == name
+    with pytest.raises(ValueError, match="estimator must be one of exact, hutchinson, hutchpp; got 'ghost'"):
+        NORM_ENGINES.get("exact").func(model, LOSS, estimator="ghost")
+
+
 class UsedOutside(nn.Module):
     def __init__(self) -> None:
         super().__init__()

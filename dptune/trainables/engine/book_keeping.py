@@ -44,7 +44,7 @@ from .batching import Inputs, batch_len, model_outputs
 from .composite_rule import COMPOSITE, detached
 from .replay_rule import REPLAYED
 from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext, Rule, _materialised_rule
-from .norm_estimators import WEIGHT_NORMS
+from .norm_estimators import RANDOMISED_WEIGHT_NORMS
 from .packed_rules import PACKED_FORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
 from .tied_rule import closed_tie, tied_embedding_head
@@ -152,8 +152,8 @@ class _Uncovered(Exception):
 class BookKeepingEngine:
     """Per-sample norms and clipped sums through module hooks (see the module docstring).
 
-    ``estimator`` ("ghost" exact, "hutchinson" or "hutchpp") is used for the weights of the
-    linear-like layers; ``sketch_k`` is the number of probes k of the randomised estimators;
+    ``estimator`` (a ``norm_estimator``: "exact", ghost or materialised norms; "hutchinson" or
+    "hutchpp") is used for the weights of the linear-like layers; ``sketch_k`` is the number of probes k of the randomised estimators;
     ``generator`` draws the probes (fresh for every micro-batch and layer, unless ``start_step``
     fixes them per logical batch and layer).
 
@@ -164,10 +164,11 @@ class BookKeepingEngine:
     autograd's saved activations and one layer's G at a time, at ~1.5× the work).
     """
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn, *, estimator: str = "ghost", sketch_k: int | None = None,
+    def __init__(self, model: nn.Module, loss_fn: LossFn, *, estimator: str = "exact", sketch_k: int | None = None,
                  generator: torch.Generator | None = None, max_kept_bytes: int | None = None) -> None:
-        if estimator not in WEIGHT_NORMS:
-            raise UserError(f"estimator must be one of {', '.join(WEIGHT_NORMS)}; got {estimator!r}")
+        if estimator != "exact" and estimator not in RANDOMISED_WEIGHT_NORMS:
+            raise UserError(f"estimator must be one of {', '.join(['exact', *RANDOMISED_WEIGHT_NORMS])}; "
+                            f"got {estimator!r}")
         self.model = model
         self.loss_fn = loss_fn
         self.ctx = NormContext(estimator, sketch_k, generator)

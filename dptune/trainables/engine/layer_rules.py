@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import UserError
-from .norm_estimators import WEIGHT_NORMS, gram_sq_norms
+from .norm_estimators import RANDOMISED_WEIGHT_NORMS, gram_sq_norms
 
 #: Per-sample weight gradients are materialised only while they take at most this many bytes per
 #: layer and micro-batch; above it the ghost form is used (memory O(bT²) instead of O(bdp)).
@@ -284,9 +284,9 @@ def linear_weight_grads(A: torch.Tensor, G: torch.Tensor, ctx: NormContext, modu
     """The per-sample view of a weight of ``module`` from A [b, T, d] and G [b, T, p]
     (``WeightGrads``), with the estimator of ``ctx``; its probes come from ``probes`` when given (a
     module with several weights draws them all from one generator), else ``ctx.probes(module)``."""
-    if ctx.estimator != "ghost":
+    if ctx.estimator != "exact":
         generator = probes if probes is not None else ctx.probes(module)
-        return WeightGrads(A, G, WEIGHT_NORMS[ctx.estimator](A, G, ctx.sketch_k, generator), ctx.estimator)
+        return WeightGrads(A, G, RANDOMISED_WEIGHT_NORMS[ctx.estimator](A, G, ctx.sketch_k, generator), ctx.estimator)
     return exact_weight_grads(A, G)
 
 
@@ -352,7 +352,7 @@ class Conv2d(Rule):
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         w = module.weight
-        if ctx.estimator != "ghost" and "weight" in names and self.fallback.handles(module):
+        if ctx.estimator != "exact" and "weight" in names and self.fallback.handles(module):
             return self.fallback.per_sample(module, calls, names, ctx, batch_size)
         positions = sum(c.grad[0, 0].numel() for c in calls)  # L over all calls
         ghost = "weight" in names and module.groups == 1 and prefer_ghost(

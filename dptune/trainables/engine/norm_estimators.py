@@ -91,9 +91,10 @@ def hutchpp_sq_norms(A: torch.Tensor, G: torch.Tensor, k: int,
     return head + residual.pow(2).sum(dim=(1, 2)) / k
 
 
-#: Weight-gradient norm estimators by name: fn(A, G, k, generator) -> [B] squared norms.
-WEIGHT_NORMS = {
-    "ghost": lambda A, G, k, generator: ghost_sq_norms(A, G),
+#: The randomised weight-gradient norm estimators, by ``norm_estimator``: fn(A, G, k, generator) -> [B]
+#: squared norms. ``exact`` is not among them: its norms are ghost or materialised, whichever the
+#: shapes make cheaper (``layer_rules.exact_weight_grads``).
+RANDOMISED_WEIGHT_NORMS = {
     "hutchinson": hutchinson_sq_norms,
     "hutchpp": hutchpp_sq_norms,
 }

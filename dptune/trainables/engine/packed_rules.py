@@ -88,7 +88,7 @@ class PackedConv2dRule(Rule):
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         K, w = module.members, module.weight   # [K, p, C, kh, kw]
-        if ctx.estimator != "ghost" and "weight" in names:
+        if ctx.estimator != "exact" and "weight" in names:
             A = torch.cat([unfold_patches(c.args[0], module).transpose(1, 2) for c in calls], dim=1)  # [K·b, L, d]
             G = torch.cat([c.grad.flatten(2).transpose(1, 2) for c in calls], dim=1)  # [K·b, L, p]
             return _packed_weight_and_bias(module, A, G, names, ctx, "packed, unfolded")

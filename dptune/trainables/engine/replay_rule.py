@@ -119,7 +119,7 @@ def _combine(module: nn.Module, uses: list, names: Sequence[str], ctx: NormConte
             by_weight.setdefault(weight, []).append((A, G))
         if bias is not None and bias[0] in names:
             by_bias.setdefault(bias, []).append(G.sum(dim=1))  # [b, p]
-    probes = ctx.probes(module) if ctx.estimator != "ghost" else None
+    probes = ctx.probes(module) if ctx.estimator != "exact" else None
     weights = {block: linear_weight_grads(torch.cat([a for a, _ in pairs], dim=1),
                                           torch.cat([g for _, g in pairs], dim=1), ctx, module, probes)
                for block, pairs in by_weight.items()}
