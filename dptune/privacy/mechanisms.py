@@ -28,11 +28,6 @@ def register_mechanism(norm_estimator: str) -> Callable[[MechanismBuilder], Mech
     return MECHANISMS.register(norm_estimator)
 
 
-# Hutchinson and Hutch++ share one accountant: the Z_env envelope bounds both (privacy/randomized.py).
-for _name in ("hutchinson", "hutchpp"):
-    MECHANISMS.register_lazy(_name, "dptune.privacy.randomized:randomized_clipping")
-
-
 @register_mechanism("exact")
 def exact_clipping(noise_multiplier: float, sample_rate: float, sketch_k: int | None, *, delta: float,
                    steps: int) -> Sequence[StepPRV]:
@@ -41,6 +36,11 @@ def exact_clipping(noise_multiplier: float, sample_rate: float, sketch_k: int | 
 
     directions = ("remove",) if sample_rate == 1.0 else ("remove", "add")  # q = 1: the two coincide
     return [SubsampledGaussianPRV(sample_rate, noise_multiplier, d) for d in directions]
+
+
+# Hutchinson and Hutch++ share one accountant: the Z_env envelope bounds both (privacy/randomized.py).
+for _name in ("hutchinson", "hutchpp"):
+    MECHANISMS.register_lazy(_name, "dptune.privacy.randomized:randomized_clipping")
 
 
 def step_prvs(norm_estimator: str, noise_multiplier: float, sample_rate: float,

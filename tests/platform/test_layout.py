@@ -104,7 +104,7 @@ def test_a_remote_store_argument_is_taken_as_given(monkeypatch):
 # -- nothing outside layout.py rebuilds the layout ------------------------------------------------------------
 
 PACKAGE = Path(dptune.__file__).parent
-LAYOUT = PACKAGE / "platform" / "layout.py"
+LAYOUT = PACKAGE / "platform" / "store" / "layout.py"
 #: String constants that belong to the layout: a URI test, the default storage, the folder names.
 FORBIDDEN = ("://", "dptune-results", "dptune-analysis", "dptune_settings.json", "store", "analysis")
 

@@ -3,8 +3,6 @@ fail with one line and publish nothing; a sweep whose S3 server restarts mid-swe
 `dptune resume s3://…`, ends with every trial exactly once."""
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
 
@@ -111,10 +109,13 @@ def test_a_store_write_fails_in_one_line_and_publishes_nothing(server):
 def test_server_restarted_mid_sweep_then_resumed(server, tmp_path):
     """The server goes down mid-sweep, right after the driver recorded its first trial, and comes back
     once the driver is waiting on it (its first storage retry): the driver's store writes wait for
-    it, trials whose checkpoints could not be saved are retried or end errored; `dptune resume` then
+    it, trials whose checkpoints could not be saved end errored; `dptune resume` then
     completes the sweep: every trial once, all finished, no torn row."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({**SPEC, "experiment": "outage", "axes": {**SPEC["axes"], "epochs": [2]}}))
+    # a trial whose checkpoint cannot be saved ends errored at once (no retry: Ray Tune's retries of it
+    # would keep the server down for a minute before the driver's first store write waits on it)
+    spec.write_text(yaml.safe_dump({**SPEC, "experiment": "outage", "axes": {**SPEC["axes"], "epochs": [2]},
+                                    "failure": {"max_failures": 0}}))
     storage = server.uri("outage")
     root, store = f"{storage}/outage", f"{storage}/outage/store"
     ray_dir = tempfile.mkdtemp(prefix="rt")
@@ -131,11 +132,7 @@ def test_server_restarted_mid_sweep_then_resumed(server, tmp_path):
         await_pause(folder, "storage_retry@1", alive)   # the driver waits for the server …
         server.start()                                  # … which comes back
         resume_from_pause(folder, "storage_retry@1")
-        try:
-            sweep.wait(timeout=100)
-        except subprocess.TimeoutExpired:
-            os.killpg(sweep.pid, signal.SIGKILL)
-            sweep.wait()
+        sweep.wait(timeout=600)   # it ends (exit 1 when a trial errored); the timeout only bounds a hang
         kill_tree(ray_dir)
         before = ResultsStore(store).table("trials")
         assert before.trial_id.is_unique and len(before) <= N_TRIALS
