@@ -50,9 +50,12 @@ def test_an_agent_whose_raylet_died_is_stopped_and_one_of_a_live_raylet_is_not(t
         assert orphan not in orphaned_ray_processes() and kept not in orphaned_ray_processes()
         dead.kill()
         dead.wait()
-        assert orphan in orphaned_ray_processes() and kept not in orphaned_ray_processes()
-        assert orphan in stop_orphans(grace_s=2.0)
-        assert not alive(orphan) and alive(kept)
+        found = orphaned_ray_processes()
+        stopped = stop_orphans(grace_s=2.0)
+        # found and stopped: here, or by a Ray that another test process (the suite runs in two
+        # workers) started meanwhile, with this same code; nothing else ends it
+        assert not alive(orphan)
+        assert kept not in found and kept not in stopped and alive(kept)
     finally:
         live.kill()
         for name in ("orphan", "kept"):
