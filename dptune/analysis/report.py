@@ -81,6 +81,11 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
         result.fixed_setting, result.fixed_cost = sweep.fixed_setting_cost(*(fixed or (None, None)))
         result.comparisons += fixed_setting_lines(heatmap, result.fixed_cost, result.fixed_setting,
                                                   metric=sweep.metric_label, lower_is_better=sweep.lower_is_better)
+        complete, tried = sweep.fixed_setting_pool()
+        if not fixed and complete < tried:
+            result.comparisons.append(
+                f"the fixed setting is the best of the {complete} (C, B) with a result in every cell; the other "
+                f"{tried - complete} were stopped early, errored or not run in some cell and are not compared")
     except ValueError as exc:
         if fixed:
             raise

@@ -249,10 +249,8 @@ class Sweep:
         if (clip_bound is None) != (batch_size is None):
             raise UserError("give both the clipping bound and the batch size of the fixed setting, or neither")
         if clip_bound is None:
-            cells = table["cell_name"].nunique()
-            stats = table.groupby(["clip_bound", "batch_size"])["score"].agg(["size", "mean"]).reset_index()
-            stats = stats[stats["size"] == cells].sort_values(["mean", "clip_bound", "batch_size"],
-                                                              ascending=[False, True, True])
+            cells, stats = self._settings_in_every_cell(table)
+            stats = stats.sort_values(["mean", "clip_bound", "batch_size"], ascending=[False, True, True])
             if stats.empty:
                 raise UserError(f"no (C, B) was run in all {cells} private cells (each cell searched its own "
                                  "batch sizes), so no single setting can be compared across them; "
@@ -271,6 +269,22 @@ class Sweep:
         out["cost"] = out["score"] - out["fixed_score"]   # ≥ 0: how much worse, in the metric's units
         out = out.drop(columns=["score", "fixed_score"])
         return (clip_bound, batch_size), out.reset_index(drop=True)
+
+    def fixed_setting_pool(self) -> tuple[int, int]:
+        """How many (C, B) the default fixed setting was chosen from: those with a result in every
+        private cell, and all (C, B) with a result somewhere (the rest were stopped early, errored
+        or not run in some cell, so they have no accuracy there to compare)."""
+        table = self.heatmap_table().dropna(subset=["accuracy"])
+        _, stats = self._settings_in_every_cell(table)
+        return len(stats), len(table.groupby(["clip_bound", "batch_size"]))
+
+    @staticmethod
+    def _settings_in_every_cell(table: pd.DataFrame) -> tuple[int, pd.DataFrame]:
+        """The number of private cells, and the (C, B) of ``table`` with a result in every one of
+        them (with their count and mean score)."""
+        cells = table["cell_name"].nunique()
+        stats = table.groupby(["clip_bound", "batch_size"])["score"].agg(["size", "mean"]).reset_index()
+        return cells, stats[stats["size"] == cells]
 
     def summary(self) -> pd.DataFrame:
         """Per cell: trial counts by status, the C, B and η values tried, best and median accuracy."""

@@ -122,6 +122,7 @@ def test_fixed_setting_cost_is_the_gap_to_each_optimum(store):
     assert forced["digits · mlp · ε=1 · 2 epochs"] == pytest.approx(0.9 - best_over_lr[(1.0, 0.1, 512)])
     with pytest.raises(ValueError, match="not run"):
         Sweep.from_store(store).fixed_setting_cost(3.0, 128)
+    assert Sweep.from_store(store).fixed_setting_pool() == (len(CS) * len(BS),) * 2   # every (C, B) in both cells
 
 
 def test_class_norms_pool_the_optimum_trials_only(store):
@@ -199,6 +200,12 @@ def test_no_fixed_setting_chart_when_no_setting_was_run_in_every_cell(tmp_path):
     store.write_trial(trial("e8-b128", epsilon=8.0, batch_size=128, accuracy=0.3))
     setting, cost = Sweep.from_store(store).fixed_setting_cost()
     assert setting == (1.0, 128) and cost["fixed_accuracy"].notna().all()
+    # and the closing lines say what it was chosen from: by hand, B = 128 alone ran in both cells
+    assert Sweep.from_store(store).fixed_setting_pool() == (1, 3)
+    printed = io.StringIO()
+    write_heatmaps(store, tmp_path / "again", out=printed)
+    assert ("the fixed setting is the best of the 1 (C, B) with a result in every cell; the other 2 were "
+            "stopped early, errored or not run in some cell") in printed.getvalue()
 
 
 def test_heatmaps_of_a_facet_share_one_colour_scale_and_no_label_overlaps_another_panel(store):
