@@ -73,3 +73,58 @@ def test_architecture_doc_names_only_modules_that_exist():
     assert named, "the doc names no modules"
     missing = sorted(n for n in named if not (PACKAGE / n).is_file())
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+#: A Sphinx cross-reference in a docstring: ``:mod:`.x```, ``:class:`~dptune.y.Z```, …
+CROSS_REFERENCE = re.compile(r":(?:mod|class|func|meth|data|attr):`~?(\.*)([A-Za-z_][\w.]*)`")
+
+
+def _module_file(path: Path) -> Path | None:
+    """The file of the module or package at ``path`` (without its suffix), if there is one."""
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def dangling_references(source: Path) -> list[str]:
+    """The cross-references of a module that name no module of dptune, or a name its module does
+    not define: resolved as Python resolves an import (relative ones from the module's package),
+    the longest prefix that is a module, then at most one name defined in it."""
+    found = []
+    for match in CROSS_REFERENCE.finditer(source.read_text()):
+        dots, parts = match.group(1), match.group(2).split(".")
+        if dots:
+            base = source.parent
+            for _ in range(len(dots) - 1):
+                base = base.parent
+        elif parts[0] == "dptune":
+            base, parts = REPO / "dptune", parts[1:]
+            if not parts:
+                continue
+        else:
+            continue   # a name of another library
+        # the longest prefix that is a module (the package itself when none is), then the rest
+        prefixes = [(parts[:i], _module_file(base.joinpath(*parts[:i]))) for i in range(len(parts), 0, -1)]
+        named, module = next(((head, m) for head, m in prefixes if m is not None), ([], _module_file(base)))
+        rest = parts[len(named):]
+        defined = module is not None and (not rest or re.search(
+            rf"^\s*(?:def|class) {rest[0]}\b|^{rest[0]}\s*[:=]|[\"']{rest[0]}[\"']", module.read_text(), re.M))
+        if not defined:
+            found.append(match.group(0))
+    return found
+
+
+def test_the_reference_scan_finds_a_stale_one(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "engine.py").write_text("class Engine:\n    pass\n")
+    (pkg / "user.py").write_text('"""See :mod:`.engine`, :class:`~.engine.Engine`, :mod:`.gone`, :class:`.engine.Old`."""\n')
+    assert dangling_references(pkg / "user.py") == [":mod:`.gone`", ":class:`.engine.Old`"]
+
+
+def test_docstring_cross_references_name_what_exists():
+    """A module moved or renamed leaves no docstring pointing at its old place."""
+    found = {str(p.relative_to(PACKAGE)): refs for p in sorted(PACKAGE.rglob("*.py")) if (refs := dangling_references(p))}
+    assert not found, found

@@ -207,8 +207,8 @@ class Trainer:
 
     def build_model(self, model_options: dict) -> nn.Module:
         """The run's model, before the optimizer and the engine see it (the audit's trainer adds
-        its canary head here: :mod:`.audit`). With ``peft: head`` it is the head alone and the data
-        are the frozen backbone's features, computed once and shared (:mod:`.frozen_features`)."""
+        its canary head here: :mod:`.audit.run`). With ``peft: head`` it is the head alone and the data
+        are the frozen backbone's features, computed once and shared (:mod:`.models.frozen_features`)."""
         model = create_model(self.cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
                              task=self.data.task, **model_options)
         self.features_source = None

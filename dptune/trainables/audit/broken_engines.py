@@ -1,8 +1,8 @@
 """Deliberately broken DP engines: the audit's known answers (``dptune audit --broken NAME``).
 
-Each entry changes one part of a built :class:`~.engine.DPEngine` the way a real bug would, so
+Each entry changes one part of a built :class:`~dptune.trainables.engine.dp_engine.DPEngine` the way a real bug would, so
 that an audit of it should find an ε lower bound above the accountant's ε. They exist to show that
-the audit (:mod:`.audit`) can fail: run on a correct engine, it must stay below. Never train with
+the audit (:mod:`.run`) can fail: run on a correct engine, it must stay below. Never train with
 them.
 
 - ``noise_div10``: the noise std is σC/10 instead of σC;

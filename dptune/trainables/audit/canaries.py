@@ -1,4 +1,4 @@
-"""The canaries of a one-run privacy audit (:mod:`.audit`): examples each included in the training
+"""The canaries of a one-run privacy audit (:mod:`.run`): examples each included in the training
 set with probability ½, and how the auditor scores them afterwards.
 
 Two kinds, both ordinary examples of the training set, Poisson-sampled, clipped and noised like

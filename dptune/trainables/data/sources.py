@@ -5,7 +5,7 @@ Pure metadata and file listings (standard library and pyarrow; no torch): the ta
 size N each loader will build (:data:`EMBEDDED_FILES`, :func:`train_size`, :func:`bbc_news_size`),
 counted from Arrow headers, Parquet footers, folder listings or the rows of a wheel's data file.
 ``dptune plan`` sizes a sweep with these, so a plan imports no torch; the loaders themselves
-(:mod:`.embedded_data`, :mod:`.hf_data`) use the same table and the same ⌈test_size·n⌉ split.
+(:mod:`.embedded`, :mod:`.hf`) use the same table and the same ⌈test_size·n⌉ split.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ carries over to the whole gradient). A layer whose top singular value does not c
 It reads only ĝ and s, so it is post-processing of the privatised gradient: no privacy cost.
 Same-shape matrices (an m×n matrix joins the n×m ones, transposed) share one batched SVD.
 
-The engine's parts (:mod:`.engine`): :class:`RMTDenoiser`, the ``rmt`` post-processor with its own
+The engine's parts (:mod:`.dp_engine`): :class:`RMTDenoiser`, the ``rmt`` post-processor with its own
 options (gate κ, norm correction, scope), and :class:`CosineDiagnostic`, the non-private
 ``denoise_cosine`` diagnostic. Each builds itself from a trial's config (``from_config``) and
 aggregates its per-step statistics into epoch metrics (``epoch_metrics``).

@@ -17,7 +17,7 @@ The engine is a sequence of named, swappable parts, each usable and testable alo
 7. **diagnostics** (``diagnostics``: ``DIAGNOSTICS`` entries or instances; NOT private), which
    observe each step and never change it.
 
-A new estimator, denoiser or diagnostic is one class registered in :mod:`.registries`.
+A new estimator, denoiser or diagnostic is one class registered in :mod:`dptune.schema.option_registries`.
 
 The statistics returned with each step (per-sample norms, clipped fraction) are computed from
 private examples and are **not** differentially private.

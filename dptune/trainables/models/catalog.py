@@ -3,7 +3,7 @@
 Builders live in their own modules: models trained from scratch (``scratch_models``), pretrained
 timm image backbones (``vision_models``) and BERT-family text backbones (``text_models``). Their
 names, and the input spec of the pretrained ones saying how the data must be prepared for them
-(``data_options``), are registered lazily in :mod:`.registries`; open-ended families are addressed
+(``data_options``), are registered lazily in :mod:`dptune.trainables.registries`; open-ended families are addressed
 as ``prefix:name`` (``timm:<any timm model>``, ``hf:<hub id or directory>``). No model uses
 BatchNorm: batch statistics mix examples and break per-sample privacy.
 """

@@ -2,7 +2,7 @@
 image's rows and torchvision's Vision Transformer.
 
 Entry functions set architecture only (keyword arguments, ``num_classes`` and ``input_shape``
-first); :mod:`.models` registers them by name. No model here uses BatchNorm (WideResNet uses GroupNorm):
+first); :mod:`.catalog` registers them by name. No model here uses BatchNorm (WideResNet uses GroupNorm):
 batch statistics mix examples and break per-sample privacy.
 """
 from __future__ import annotations
