@@ -18,7 +18,7 @@ from dptune.platform.sweep.driver import run_sweep
 from headless_browser import NO_BROWSER, chromium, run_headless
 from sweep_plans import digits_spec, plan_of
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 EPSILONS = (2.0, 8.0)
 CELLS = [f"digits · mlp[hidden=32] · ε={eps:g} · 1 epoch" for eps in EPSILONS]

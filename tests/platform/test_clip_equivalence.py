@@ -17,8 +17,6 @@ from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import train
 from sweep_plans import levers_off
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 
 @pytest.fixture
 def catalog():

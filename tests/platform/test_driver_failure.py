@@ -17,8 +17,6 @@ from dptune.platform.store.results_store import ResultsStore
 from faulting import await_pause, faulted_env
 from sweep_plans import levers_off
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 SPEC = {
     "experiment": "drv", "axes": {"epsilon": [2, 8], "backbone": ["mlp"], "dataset": ["digits"], "epochs": [2]},
     "clip_bound": [0.5, 2], "batch_size": [128, 256], "learning_rate": {"reference": 1.0, "reference_batch_size": 128, "multipliers": [1]},

@@ -13,8 +13,6 @@ from dptune.platform.sweep.catalog import trainables_catalog
 from dptune.search_spaces import load_spec, plan_sweep
 from dptune.search_spaces.search_sections import SEARCHED_OPTIONS
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
 

@@ -37,9 +37,8 @@ def installed(module: str) -> bool:
 
 
 MISSING = [m for m in DASHBOARD_MODULES if not installed(m)]
-pytestmark = [pytest.mark.slow,   # end-to-end: run first (tests/conftest.py)
-              pytest.mark.skipif(bool(MISSING), reason=f"Ray's job server needs ray[default] (missing: "
-                                 f"{', '.join(MISSING)}): pip install 'ray[default]'")]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"Ray's job server needs ray[default] (missing: "
+                                f"{', '.join(MISSING)}): pip install 'ray[default]'")
 
 
 def readme_submit_command() -> str:

@@ -20,8 +20,6 @@ from dptune.platform.sweep.driver import resume_sweep, run_sweep
 from dptune.search_spaces import Catalog, load_spec, plan_sweep
 from sweep_plans import levers_off
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 N, EPOCHS = 200, 2
 CLIPS = (0.1, 0.4, 1.6, 6.4)
 

@@ -17,8 +17,6 @@ from dptune.search_spaces import load_spec, plan_sweep
 from dptune.trainables.data.generation import headline_pairs
 from lm_data import word_tokenizer
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 TINY = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
         "num_key_value_heads": 1}
 

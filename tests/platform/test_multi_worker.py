@@ -32,8 +32,6 @@ from dptune.trainables.engine.dp_engine import DPEngine
 from dptune.trainables.engine.sampling import PoissonSampler
 from dptune.trainables.training import Trainer
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 STEPS = 12
 SIGMA, BATCH = 2.0, 10.0
 #: Trainer cases compared between W = 1 and W = 2: exact and Hutchinson norms, with and without

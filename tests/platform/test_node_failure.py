@@ -14,8 +14,6 @@ from dptune.trainables.training import train
 from faulting import await_pause, faulted_env, resume_from_pause
 from sweep_plans import digits_spec, plan_of
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 
 EPOCHS = 6
 

@@ -14,8 +14,6 @@ from dptune.platform.store.results_store import ResultsStore
 from dptune.platform.sweep.driver import run_sweep
 from sweep_plans import digits_spec, plan_of
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 
 def rows_of(tmp_path, name: str, spec: dict):
     settings = RunSettings(experiment=name, storage=str(tmp_path), max_failures=0, verbose=0)

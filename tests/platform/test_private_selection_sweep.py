@@ -23,8 +23,6 @@ from dptune.search_spaces import load_spec, plan_sweep
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import train
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 SPEC = {"axes": {"epsilon": 3, "backbone": {"name": "mlp", "hidden": 16}, "dataset": "digits", "epochs": 2},
         "clip_bound": [0.5, 5], "batch_size": [128, 256], "pruning": {"min_steps": 5, "plateau_tol": 1.0},
         "learning_rate": {"reference": 1.0, "reference_batch_size": 128, "multipliers": [1]},
@@ -53,6 +51,7 @@ def counted_accuracy(result) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_a_private_selection_sweep_releases_one_tested_trial_of_k(tmp_path):
     plan = plan_sweep(load_spec(SPEC, trainables_catalog()), trainables_catalog(), workers=1, draw=True)
     (cell,) = plan.cells

@@ -14,8 +14,6 @@ from dptune.search_spaces.plan_table import format_plan
 from dptune.search_spaces.proxy import MIN_PROXY_SIGMA, proxy_run
 from dptune.trainables.config import check_option
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 N = 200
 
 

@@ -23,8 +23,6 @@ from faulting import await_pause, faulted_env, resume_from_pause
 from s3_server import serving, started
 from test_driver_failure import SPEC, dptune, kill_tree
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 N_TRIALS = 8
 
 

@@ -9,13 +9,10 @@ import sys
 import tempfile
 
 import pyarrow.fs as pafs
-import pytest
 import yaml
 
 from dptune.platform.store.results_store import ResultsStore
 from test_driver_failure import SPEC, dptune, kill_tree, killed_at
-
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
 
 #: the driver-failure spec made smaller (one ε, two epochs): 2 C × 2 B = 4 trials
 SMALL = {**SPEC, "experiment": "drv", "axes": {**SPEC["axes"], "epsilon": [8], "epochs": [2]}}

@@ -25,8 +25,6 @@ import rigged  # tests/platform/rigged.py (pytest puts this folder on sys.path)
 from sweep_plans import levers_off
 from dptune.search_spaces import Catalog
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 N = 200
 EPOCHS = 3
 RF = 3

@@ -14,9 +14,6 @@ from dptune.platform.store.results_store import ResultsStore
 from dptune.platform.views.status import best_setting
 from faulting import await_pause, faulted_env, resume_from_pause
 from sweep_plans import levers_off
-import pytest
-
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
 
 SPEC = {
     "experiment": "watched", "axes": {"epsilon": [2, 8], "backbone": [{"name": "mlp", "hidden": 16}],

@@ -21,8 +21,6 @@ from dptune.platform.store.layout import ExperimentPaths
 from dptune.platform.store.query_limits import QueryLimits
 from dptune.platform.store.results_store import QUARANTINE, TABLES, QueryRefused, ResultsStore, StoreWriteError
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 EPOCHS = 3
 
 

@@ -10,8 +10,6 @@ from dptune.platform.sweep.driver import run_sweep
 from accounting_checks import assert_calibrated
 from sweep_plans import digits_spec, plan_of
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 N_DIGITS_TRAIN = 1437
 
 

@@ -14,8 +14,6 @@ from dptune.search_spaces import SpecError, load_spec
 from dptune.platform.sweep.catalog import trainables_catalog
 from sweep_plans import digits_spec, plan_of
 
-pytestmark = pytest.mark.slow   # end-to-end: run first (tests/conftest.py)
-
 EPOCHS = 2
 #: the parameters issue 27 asks every run to carry, as trial-config keys
 PARAMETERS = ("cell", "clip_bound", "batch_size", "learning_rate", "noise_multiplier", "sample_rate", "steps",

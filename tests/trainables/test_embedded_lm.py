@@ -7,7 +7,7 @@ import torch
 from dptune.trainables.models.causal_lm import create_causal_lm, embedded_gguf, lm_source
 from dptune.trainables.data.generation import tokenizer_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
