@@ -138,7 +138,7 @@ def test_server_restarted_mid_sweep_then_resumed(server, tmp_path):
         assert before.trial_id.is_unique and len(before) <= N_TRIALS
 
         resume = dptune(["resume", root], ray_dir, log, tmp_path)
-        assert resume.wait(timeout=100) == 0, log_path.read_text()[-3000:]
+        assert resume.wait(timeout=600) == 0, log_path.read_text()[-3000:]
     finally:
         log.close()
         kill_tree(ray_dir)

@@ -40,7 +40,7 @@ def test_sweep_kill_resume_query_on_s3(s3, tmp_path):
         assert len(before) == 1
 
         resume = dptune(["resume", root], ray_dir, log, tmp_path)
-        assert resume.wait(timeout=100) == 0, log_path.read_text()[-3000:]
+        assert resume.wait(timeout=600) == 0, log_path.read_text()[-3000:]
     finally:
         log.close()
         kill_tree(ray_dir)
@@ -63,7 +63,7 @@ def test_sweep_kill_resume_query_on_s3(s3, tmp_path):
         assert (after.loc[finished_before.index, column] == finished_before[column]).all(), column
 
     run = lambda *args: subprocess.run([sys.executable, "-m", "dptune", *args], capture_output=True, text=True,
-                                       cwd=tmp_path, timeout=120)
+                                       cwd=tmp_path, timeout=600)
     query = run("query", "SELECT count(*) AS n, count(DISTINCT trial_id) AS d FROM trials", "--store", root,
                 "--format", "csv")
     assert query.returncode == 0, query.stderr
