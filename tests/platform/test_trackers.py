@@ -86,6 +86,20 @@ def test_an_mlflow_file_store_the_spec_names_is_honoured(tmp_path, monkeypatch):
     assert not trackers._file_store("sqlite:///x.db") and trackers._file_store("./mlruns")
 
 
+def _finished_wandb_records(path, hang_s: float = 300):
+    """The records of a W&B run file once its run has written its exit record: W&B's service process
+    writes the file on its own, after the sweep has returned (a synchronisation point; the bound
+    only stops a hang)."""
+    import time
+
+    deadline = time.monotonic() + hang_s
+    while True:
+        records = _wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def _wandb_records(path):
     """The protobuf records of a W&B run file (LevelDB log format: 32 KiB blocks of records with a
     7-byte header crc32/length/type; W&B's own header is 7 bytes), parsed with wandb's protobuf."""
@@ -119,7 +133,7 @@ def test_wandb_offline_runs_hold_the_same_fields(tracked):
     runs = sorted(Path(tracked, "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 2
     for path in runs:
-        records = _wandb_records(path)
+        records = _finished_wandb_records(path)
         config = {}
         history = []
         for record in records:
@@ -221,7 +235,7 @@ def test_each_member_of_a_pack_is_a_run_of_its_own(tmp_path):
     rates = []
     for path in sorted(Path(settings.paths.root, "wandb").glob("offline-run-*/run-*.wandb")):
         config, epochs = {}, 0
-        for record in _wandb_records(path):
+        for record in _finished_wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind in ("run", "config"):
                 items = record.run.config.update if kind == "run" else record.config.update
