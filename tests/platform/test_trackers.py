@@ -3,6 +3,7 @@ event files), read back with each tracker's own reader; the spec's ``tracking`` 
 before anything runs."""
 import re
 import struct
+import time
 
 import pytest
 import ray
@@ -90,13 +91,12 @@ def _finished_wandb_records(path, hang_s: float = 300):
     """The records of a W&B run file once its run has written its exit record: W&B's service process
     writes the file on its own, after the sweep has returned (a synchronisation point; the bound
     only stops a hang)."""
-    import time
-
     deadline = time.monotonic() + hang_s
     while True:
         records = _wandb_records(path)
-        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
             return records
+        assert time.monotonic() < deadline, f"W&B never finished its run file {path}"
         time.sleep(0.2)
 
 
