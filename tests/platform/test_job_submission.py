@@ -82,7 +82,9 @@ def test_readme_job_submission_on_a_local_head(s3, tmp_path):
     (work / "spec.yaml").write_text(yaml.safe_dump({**SMALL, "experiment": "job"}))
 
     temp_dir = tempfile.mkdtemp(prefix="rj")  # short: Ray's socket paths must fit 107 characters
-    gcs, dashboard, client_port = free_ports(3)
+    # the agent's HTTP port too: its default (52365) is held by any other Ray on the machine (another
+    # test worker's embedded one), and an agent that cannot bind its port never registers
+    gcs, dashboard, client_port, agent_port = free_ports(4)
     env = {**{k: v for k, v in os.environ.items() if k not in IN_PROCESS_RAY}, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token" / "auth_token"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
@@ -94,6 +96,7 @@ def test_readme_job_submission_on_a_local_head(s3, tmp_path):
             [str(Path(sys.executable).parent / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1",
              "--num-cpus", "2", "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
              "--port", str(gcs), "--dashboard-port", str(dashboard), "--ray-client-server-port", str(client_port),
+             "--dashboard-agent-listen-port", str(agent_port),
              "--temp-dir", temp_dir, "--disable-usage-stats"],
             env=env, capture_output=True, text=True, timeout=90)
         assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-2000:]
