@@ -4,9 +4,10 @@ dptune in a fresh process with its own HOME (so the user's ~/.ray is never touch
 - the authentication token file is readable by its owner alone (0600) in a 0700 folder, also when
   an earlier, world-readable token was there;
 - no dashboard, and nothing but Ray's own core servers listens on a non-loopback address. Ray 2.60
-  binds its gRPC servers (GCS, raylet, workers, the driver) to every interface and its runtime-env
-  agent to the detected node address, with no setting to change that: the README's security note
-  says so, and this test fails if anything else (a dashboard, an HTTP agent) appears.
+  binds its gRPC servers (GCS, raylet, workers, the driver, the per-node agent ``ray::DashboardAgent``)
+  to every interface and its runtime-env agent and the dashboard agent's HTTP server to the detected
+  node address, with no setting to change that: the README's security note says so, and this test
+  fails if anything else (a dashboard, another process's server) appears.
 """
 from __future__ import annotations
 
