@@ -144,11 +144,24 @@ def _parameters(config: dict) -> dict:
 
 
 def _wandb_callback(options: dict, experiment: str, folder: str) -> "tune.Callback":
-    from ray.air.integrations.wandb import WandbLoggerCallback
+    from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+
+    class WandbRunActor(_WandbLoggingActor):
+        """Ray's per-trial logging actor, which also waits for W&B's service process to write the run
+        out. ``wandb.finish`` returns before that process has flushed the run file, and Ray kills the
+        actor as soon as its ``run`` returns: W&B's own flush at interpreter exit never runs, and the
+        run file was left empty or without its history (seen under load)."""
+
+        def run(self) -> None:
+            super().run()
+            self._wandb.teardown()
 
     class Wandb(WandbLoggerCallback):
-        """Ray's callback with every training option as the run's config (defaults included), quiet
-        at interpreter exit (its ``__del__`` reads a Ray module already gone)."""
+        """Ray's callback with every training option as the run's config (defaults included), each run
+        written out before its actor ends (``WandbRunActor`` above), quiet at interpreter exit (its
+        ``__del__`` reads a Ray module already gone)."""
+
+        _logger_actor_cls = WandbRunActor
 
         def _start_logging_actor(self, trial: Any, exclude_results: list, **init: Any) -> None:
             init["config"] = _parameters(init.get("config", trial.config))
