@@ -107,3 +107,61 @@ def test_noise_is_drawn_in_at_least_float32():
                    torch.Generator().manual_seed(0), None):
         xi = GaussianNoise(1.0, source).standard_normal(like)
         assert xi.dtype == torch.float32 and len(torch.unique(xi)) > 990   # bfloat16 has 256 values in [1, 2)
+
+
+#: What a secure run imports, checked against the plain install's requirements in a fresh interpreter.
+SECURE_IMPORTS = """
+import sys, torch
+before = set(sys.modules)
+from dptune.trainables.engine.randomness import stream
+s = stream("secure", "noise", seed=0, secret=b"k" * 32, device=torch.device("cpu"))
+s.normal((4,), dtype=torch.float32, device=torch.device("cpu")), s.integers(4)
+print(" ".join(sorted({m.split(".")[0] for m in set(sys.modules) - before})))
+"""
+
+
+def _base_requirements() -> set[str]:
+    """The distributions a plain ``pip install dptune`` brings: [project.dependencies] and what they
+    require, recursively, without any extra of dptune's (read from the installed packages' metadata)."""
+    import importlib.metadata as metadata
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    todo, seen = [Requirement(d) for d in pyproject["project"]["dependencies"]], set()
+    while todo:
+        req = todo.pop()
+        if norm(req.name) in seen:
+            continue
+        seen.add(norm(req.name))
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in map(Requirement, requires):   # its own extras only where the requirement names them
+            if line.marker is None or any(line.marker.evaluate({"extra": e}) for e in ("", *req.extras)):
+                todo.append(line)
+    return seen
+
+
+def test_secure_randomness_needs_nothing_beyond_the_plain_install():
+    """Issue 47: `pip install -e .` then `--randomness secure` ended in ModuleNotFoundError
+    (cryptography came only with the dev extra). Every distribution a secure draw imports is one the
+    plain install requires (checked in a fresh interpreter, since CI installs the dev extra)."""
+    import importlib.metadata as metadata
+    import re
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SECURE_IMPORTS], capture_output=True, text=True, check=True).stdout
+    owners = metadata.packages_distributions()
+    imported = {re.sub(r"[-_.]+", "-", dist).lower() for module in out.split() for dist in owners.get(module, [])}
+    assert "cryptography" in imported   # the test sees what it is about
+    missing = imported - _base_requirements() - {"dptune"}
+    assert not missing, f"secure randomness imports {sorted(missing)}, which `pip install dptune` does not bring"
