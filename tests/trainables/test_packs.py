@@ -237,6 +237,61 @@ def test_what_cannot_be_packed_is_refused_by_name():
         pack_models([lstm, copy.deepcopy(lstm)])
 
 
+class SharedModule(nn.Module):
+    """One Linear registered under two names (``self.b = self.a``), applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = self.a
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.b(torch.tanh(self.a(x))))
+
+
+class TiedWeights(nn.Module):
+    """An embedding and an output layer sharing one weight (a language model's tie)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.emb(ids))).mean(dim=1)
+
+
+@pytest.mark.parametrize("model,names", [(SharedModule, "a.weight = b.weight"), (TiedWeights, "emb.weight = out.weight")])
+def test_a_shared_module_or_a_tied_weight_is_refused_for_packing_with_the_reason(model, names):
+    """Issue 47: ``self.b = self.a`` packed a.weight but left b.weight one tensor for all members
+    (K = 3 ran: one example's contribution to it reached Σ_k C_k); a tied weight got two independent
+    stacks. Both are refused by name, before anything trains, for any K."""
+    assert any(names in problem for problem in packing_problems(model()))
+    for members in (2, 3):
+        with pytest.raises(UserError, match=f"cannot be packed: .*{names}"):
+            pack_models([model() for _ in range(members)])
+
+
+def test_a_planted_shared_parameter_fails_the_pack_invariant():
+    """The invariant itself, on a pack that was built right and then broken: a layer swapped back for
+    the unpacked one (its weight shared by the members), or a source weight missing from the pack."""
+    from dptune.trainables.engine.packed_layers import check_members
+
+    source = NormMLP()
+    packed = pack_models([source, copy.deepcopy(source), copy.deepcopy(source)])
+    check_members(source, packed, 3)
+    planted = copy.deepcopy(packed)
+    planted.fc2 = copy.deepcopy(source.fc2)
+    with pytest.raises(UserError, match=r"fc2.weight \(3, 8\) is not one packed parameter of shape \(3, 3, 8\)"):
+        check_members(source, planted, 3)
+    extra = copy.deepcopy(packed)
+    extra.register_parameter("stray", nn.Parameter(torch.zeros(3)))
+    with pytest.raises(UserError, match="belong to no single member: stray"):
+        check_members(source, extra, 3)
+
+
 def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_one_does():
     """Killed once its first epoch is reported (one member already retired) and resumed in a new
     trainer from the state saved then: every member's weights and history equal the uninterrupted

@@ -162,26 +162,67 @@ def _owners(model: nn.Module) -> list[str]:
             if any(p.requires_grad for p in m.parameters(recurse=False))]
 
 
+def trainable_names(model: nn.Module) -> dict[int, list[str]]:
+    """Every trainable ``Parameter`` object of ``model`` (by id) with all the names that reach it: more
+    than one when its module is registered under several names or the weight is tied across layers."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.requires_grad:
+            names.setdefault(id(p), []).append(name)
+    return names
+
+
 def packing_problems(model: nn.Module) -> list[str]:
-    """Why ``model`` cannot be packed: each module owning a trainable parameter with no packed form."""
-    return [f"{name or '<root>'} ({type(model.get_submodule(name)).__name__})" for name in _owners(model)
-            if _packed_form(model.get_submodule(name)) is None]
+    """Why ``model`` cannot be packed: each module owning a trainable parameter with no packed form,
+    and each trainable parameter reached under several names (a module used twice, or a tied weight),
+    which a pack would share across its members or untie."""
+    problems = [f"{name or '<root>'} ({type(model.get_submodule(name)).__name__}): no packed form"
+                for name in _owners(model) if _packed_form(model.get_submodule(name)) is None]
+    for names in trainable_names(model).values():
+        if len(names) > 1:
+            owners = {id(model.get_submodule(n.rpartition(".")[0])) for n in names}
+            what = "one module registered under several names" if len(owners) == 1 else "a weight tied across layers"
+            problems.append(f"{' = '.join(names)} ({what}: a pack keeps one parameter per name)")
+    return problems
+
+
+def check_members(source: nn.Module, packed: nn.Module, members: int) -> None:
+    """The pack's invariant, checked before its first step: every trainable ``Parameter`` object of
+    ``source`` maps to exactly one packed parameter with the member dimension [K, *shape], under every
+    name that reaches it, and the packed model trains nothing else (a parameter left shared by the
+    members would take every member's examples while each adds noise for its own C only)."""
+    packed_params = dict(packed.named_parameters(remove_duplicate=False))
+    image: dict[int, int] = {}
+    for pid, names in trainable_names(source).items():
+        shape = tuple(source.get_parameter(names[0]).shape)
+        targets = {id(packed_params[n]) for n in names if n in packed_params}
+        ok = (len(targets) == 1 and all(n in packed_params for n in names)
+              and tuple(packed_params[names[0]].shape) == (members, *shape))
+        if not ok:
+            raise UserError(f"pack invariant: {' = '.join(names)} {shape} is not one packed parameter of shape "
+                            f"({members}, {', '.join(map(str, shape))}) in the pack")
+        image[targets.pop()] = pid
+    extra = [n for n, p in packed_params.items() if p.requires_grad and id(p) not in image]
+    if extra or len(image) != len(trainable_names(source)):
+        raise UserError(f"pack invariant: trainable parameters that belong to no single member: "
+                        f"{', '.join(extra) or 'two source parameters share one packed parameter'}")
 
 
 def pack_models(models: Sequence[nn.Module]) -> nn.Module:
     """One packed model from K models of the same architecture (their weights become the members').
     Frozen modules are shared (taken from the first model). Refuses, naming them, the modules that
-    own a trainable parameter and have no packed form."""
+    own a trainable parameter and have no packed form, and parameters reached under several names;
+    then checks the pack's invariant (:func:`check_members`) before anything trains."""
     problems = packing_problems(models[0])
     if problems:
-        raise UserError("model cannot be packed (no packed form for these modules with trainable parameters: "
-                        f"{', '.join(problems)}); set search.pack: off")
+        raise UserError(f"model cannot be packed: {'; '.join(problems)}; set search.pack: off to train its configurations apart")
     packed = copy.deepcopy(models[0])
     for name in _owners(models[0]):
         layers = [m.get_submodule(name) for m in models]
         replacement = _packed_form(layers[0])(layers)
         parent, _, leaf = name.rpartition(".")
         setattr(packed.get_submodule(parent) if parent else packed, leaf, replacement)
+    check_members(models[0], packed, len(models))
     return packed
 
 
