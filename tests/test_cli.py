@@ -54,11 +54,12 @@ TRAIN_FLAGS = {
     "--model-options": {}, "--peft": None, "--weights": None, "--data-dir": None, "--max-length": None,
     "--test-size": None, "--prompt-field": None, "--completion-field": None, "--generation-examples": None, "--max-new-tokens": 32,
     "--validation-fraction": 0.0, "--split-seed": None, "--score-noise": None,
-    "--randomness": "reproducible"}
+    "--randomness": "reproducible", "--precision": "fp32"}
 CHOICES = {"--optimizer": ["sgd", "adam", "adamw"], "--clip-fn": ["flat", "auto_s"],
            "--norm-estimator": ["exact", "hutchinson", "hutchpp"], "--denoise": ["rmt"],
            "--denoise-scope": ["all", "lora"], "--diagnostics": ["denoise_cosine"],
-           "--peft": ["film", "lora", "head", "full"], "--randomness": ["reproducible", "secure"]}
+           "--peft": ["film", "lora", "head", "full"], "--randomness": ["reproducible", "secure"],
+           "--precision": ["fp32", "bf16", "fp16"]}
 
 
 def test_every_train_option_has_its_flag_default_and_choices():

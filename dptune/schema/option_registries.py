@@ -39,5 +39,9 @@ DENOISE_SCOPES.register_lazy("lora", f"{_T}engine.denoise:lora_factors")
 DIAGNOSTICS: Registry = Registry("diagnostics")
 DIAGNOSTICS.register_lazy("denoise_cosine", f"{_T}engine.denoise:CosineDiagnostic")
 
+#: Mixed precision of training (``engine.precision``): float32 throughout, or the forward and backward
+#: autocast to bf16 or fp16 (norms, clipping, sums and noise stay float32). The first is the default.
+PRECISIONS = ("fp32", "bf16", "fp16")
+
 #: What ``peft`` may train (``finetuning.apply_peft`` implements each).
 PEFT_METHODS = ("film", "lora", "head", "full")

@@ -34,7 +34,7 @@ from typing import Any, Callable, Collection
 
 from ..errors import UserError
 from .option_registries import (CLIP_FNS, DENOISE_SCOPES, DENOISERS, DIAGNOSTICS, NORM_ENGINES, OPTIMIZERS,
-                               PEFT_METHODS, RANDOMNESS)
+                               PEFT_METHODS, PRECISIONS, RANDOMNESS)
 
 
 class OptionError(UserError):
@@ -155,6 +155,10 @@ class TrainConfig:
     device: str = option("auto", "auto, cpu, cuda or cuda:N",
                          rule=Rule(lambda v: isinstance(v, str) and bool(v), "a device name (auto, cpu, cuda, cuda:N)"),
                          spec=("trial",))
+    precision: str = option("fp32", "mixed precision of training: fp32, or bf16 / fp16 autocast of the forward and "
+                                    "backward only (float32 master weights; per-example norms, clipping, sums and "
+                                    "noise stay float32; fp16 backpropagates a static loss scale and never skips a "
+                                    "step)", choices=PRECISIONS, spec=("trial",), searched=True, cell=True)
     noise_multiplier: float | None = option(None, "σ precomputed by a planner [calibrated here from ε, δ, q, T]",
                                             rule=at_least(0), role="planned")
     model_options: dict = option(

@@ -97,3 +97,15 @@ def pretrained_location(source: str) -> dict:
     if path.suffix == ".gguf":
         return {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
     return {"pretrained_model_name_or_path": source}
+
+
+def float32_weights() -> dict:
+    """``from_pretrained`` / ``from_config`` arguments that build float32 weights whatever the checkpoint's
+    stored dtype and the transformers version's default (``dtype="auto"`` since 5.0: a bf16 checkpoint would
+    load as bf16); the argument is ``dtype`` since transformers 4.56, ``torch_dtype`` before."""
+    import torch
+    import transformers
+    from packaging.version import Version
+
+    key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+    return {key: torch.float32}

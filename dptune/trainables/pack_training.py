@@ -55,9 +55,11 @@ class PackTrainer:
     """State and loop of a pack of configurations (see the module docstring)."""
 
     def __init__(self, cfgs: list[TrainConfig], data: DatasetSplits | None = None,
-                 memory_budget: float | None = None) -> None:
+                 memory_budget: float | None = None,
+                 lead: Callable[[TrainConfig, DatasetSplits | None], Trainer] = Trainer) -> None:
         """``memory_budget``: the bytes the pack may plan to use (None: :data:`MEMORY_SHARE` of the
-        device's free memory once the lead is built); passes are split so the pack stays within it."""
+        device's free memory once the lead is built); passes are split so the pack stays within it.
+        ``lead`` builds the first member's trainer (the audit's adds its canary head)."""
         if not cfgs:
             raise UserError("a pack needs at least one configuration")
         self.cfgs = [cfg.validate() for cfg in cfgs]
@@ -72,11 +74,11 @@ class PackTrainer:
                             f"these differ too: {', '.join(differing)}")
         # the first member's trainer: the data, the streams, the initial weights every member starts
         # from, the sampler, the task; its model then serves as the unpacked copy each member is evaluated on
-        self.lead = Trainer(self.cfgs[0], data)
+        self.lead = lead(self.cfgs[0], data)
         problems = packing_problems(self.lead.model)
         if problems:
-            raise UserError(f"model {self.cfgs[0].model!r} cannot be packed: no packed form for "
-                            f"{', '.join(problems)}; set search.pack: off")
+            raise UserError(f"model {self.cfgs[0].model!r} cannot be packed: {'; '.join(problems)}; "
+                            "set search.pack: off")
         self.members = len(self.cfgs)
         lead = self.lead.cfg
         #: rows of one packed pass: the members' examples together, within the memory budget
@@ -88,7 +90,7 @@ class PackTrainer:
             noise_multipliers=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
             norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
             max_physical_batch_size=self.rows_per_pass, noise=self.lead.streams["noise"],
-            shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"])
+            shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"], precision=lead.precision)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = PackedOptimizer(
             make_optimizer(lead.optimizer, params, lr=1.0, momentum=lead.momentum, weight_decay=lead.weight_decay),
@@ -202,6 +204,7 @@ class PackTrainer:
         the histories."""
         lead = self.lead
         return {"model": {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad},
+                "buffers": dict(self.lead.model.named_buffers()),   # shared by the members (an export reads them)
                 "optimizer": self.optimizer.state_dict(),
                 "streams": {name: s.state() for name, s in lead.streams.items()},
                 "torch_rng": torch.get_rng_state(), "step": self.step, "epoch": self.epoch,

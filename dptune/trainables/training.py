@@ -25,7 +25,7 @@ from ..privacy.accountant import epsilon_curve
 from ..privacy.schedule import accounted_steps, epoch_end_steps, num_steps, sample_rate
 from ..registry import check_options
 from ..timeline import mark
-from .engine.batching import model_outputs, to_device
+from .engine.batching import to_device
 from ..schema import TrainConfig, names
 from ..schema.metrics import LOSSES
 from .data.catalog import DATASETS, load_dataset
@@ -33,6 +33,7 @@ from .registries import check_pairing, dataset_task
 from .data.splits import DatasetSplits, take
 from .data.splits import with_validation
 from .engine.distributed import Workers, baseline_gradient
+from .engine.precision import Precision
 from .engine.dp_engine import DPEngine
 from .models.frozen_features import head_on_features
 from .models.catalog import create_model, data_options, parameter_summary
@@ -200,7 +201,8 @@ class Trainer:
                                    generator=self.streams["noise"], probes=self.streams["probes"],
                                    denoise=None if cfg.denoise is None else DENOISERS.get(cfg.denoise).from_config(cfg),
                                    diagnostics=[DIAGNOSTICS.get(d).from_config(cfg) for d in cfg.diagnostics],
-                                   all_reduce=self.workers.sum if self.workers.size > 1 else None)
+                                   all_reduce=self.workers.sum if self.workers.size > 1 else None,
+                                   precision=cfg.precision)
         self.step = 0
         self.epoch = 0
         self.train_time_s = 0.0
@@ -248,12 +250,8 @@ class Trainer:
             stats = self.engine.private_gradient(x, y)
             out = (stats["norms"].cpu(), self.task.groups(y.cpu()), stats)
             self.optimizer.step()
-        elif self.workers.size > 1:  # non-private baseline on W workers: the global batch's mean loss
-            if baseline_gradient(self.model, self.task.loss, x, y, self.workers):
-                self.optimizer.step()
-        elif len(y):  # non-private baseline: plain mean loss over the realised batch
-            self.task.loss(model_outputs(self.model, x), y).mean().backward()
-            self.optimizer.step()
+        elif baseline_gradient(self.model, self.task.loss, x, y, self.workers, Precision(self.cfg.precision)):
+            self.optimizer.step()   # non-private baseline: the mean loss over the (global) realised batch
         self.step += 1
         if self.step == 1:
             mark("first_step")

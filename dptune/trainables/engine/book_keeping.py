@@ -47,6 +47,7 @@ from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext,
 from .norm_estimators import RANDOMISED_WEIGHT_NORMS
 from .packed_rules import PACKED_FORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
+from .precision import Precision
 from .tied_rule import closed_tie, tied_embedding_head
 
 #: Relative tolerance of the first-batch check that the hooks saw every use of every parameter, and
@@ -54,6 +55,10 @@ from .tied_rule import closed_tie, tied_embedding_head
 #: e.g. an InstanceNorm scale before a mean over positions, compares rounding errors).
 COVERAGE_RTOL = 1e-3
 COVERAGE_FLOOR = 1e-9
+#: In half precision (bf16 weights or autocast) autograd's batch gradient is itself rounded to a few
+#: bits: the check's tolerance is then this many units of the coarsest dtype's rounding (bf16: 3%,
+#: fp16: 0.4%) — a use the hooks miss still shows as a difference of its own size.
+COVERAGE_ULPS = 4
 
 
 @dataclass
@@ -157,6 +162,10 @@ class BookKeepingEngine:
     ``generator`` draws the probes (fresh for every micro-batch and layer, unless ``start_step``
     fixes them per logical batch and layer).
 
+    ``precision`` (a :class:`~.precision.Precision` or its name): the forward runs under its
+    autocast and, for fp16, the backward on the loss times its static scale (norms and factors
+    undo it, in float32).
+
     ``max_kept_bytes`` bounds the output gradients G the engine may hold at once (None: half the
     device's free memory, read after the forward). Above it the engine falls back to two backward
     passes: the first reduces each layer to its per-sample norms as soon as its G arrives and
@@ -165,13 +174,15 @@ class BookKeepingEngine:
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, estimator: str = "exact", sketch_k: int | None = None,
-                 generator: torch.Generator | None = None, max_kept_bytes: int | None = None) -> None:
+                 generator: torch.Generator | None = None, max_kept_bytes: int | None = None,
+                 precision: Precision | str = "fp32") -> None:
         if estimator != "exact" and estimator not in RANDOMISED_WEIGHT_NORMS:
             raise UserError(f"estimator must be one of {', '.join(['exact', *RANDOMISED_WEIGHT_NORMS])}; "
                             f"got {estimator!r}")
         self.model = model
         self.loss_fn = loss_fn
-        self.ctx = NormContext(estimator, sketch_k, generator)
+        self.precision = precision if isinstance(precision, Precision) else Precision(precision)
+        self.ctx = NormContext(estimator, sketch_k, generator, precision=self.precision)
         self.params = trainable_parameters(model)
         self.widened: frozenset[str] = frozenset()
         self.planned = plan_modules(model)
@@ -282,7 +293,7 @@ class BookKeepingEngine:
             form = f"tied {', '.join(closed)}: closed form with its other uses (embedding + output layer)"
         vmapped = [n for n in tied if n not in closed]
         if vmapped:
-            for local, g in COMPOSITE.per_example(entry.module, calls, vmapped, batch_size).items():
+            for local, g in COMPOSITE.per_example(entry.module, calls, vmapped, batch_size, self.ctx.precision).items():
                 q = entry.qualified[entry.names.index(local)]
                 self._tied[q] = self._tied[q] + g if q in self._tied else g
                 kept += g.numel() * g.element_size()
@@ -339,7 +350,7 @@ class BookKeepingEngine:
         for local, g in grads.items():
             q = names[local]
             p = self.params[q]
-            g = g.reshape(p.shape).to(p.dtype)
+            g = g.reshape(p.shape).to(torch.promote_types(p.dtype, torch.float32))   # never rounded to half
             if q in sums:
                 sums[q] += g
             else:
@@ -347,7 +358,8 @@ class BookKeepingEngine:
 
     def _all(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``sums`` with zeros for the parameters no layer gave gradient, in the parameters' order."""
-        return {n: sums[n] if n in sums else torch.zeros_like(p) for n, p in self.params.items()}
+        return {n: sums[n] if n in sums else torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32))
+                for n, p in self.params.items()}
 
     # ---- one micro-batch ----------------------------------------------------------------------------
 
@@ -381,9 +393,11 @@ class BookKeepingEngine:
         self._batch_size = batch_len(inputs)
         self._reset()
         try:
-            with self._recording(self._batch_size):
+            with self._recording(self._batch_size), self.precision.autocast(targets.device):
                 outputs = model_outputs(self.model, inputs)
-            losses = self.loss_fn(outputs, targets)  # [b]
+                losses = self.loss_fn(outputs, targets)  # [b]
+            if self.precision.loss_scale != 1:   # fp16: the backward sees S·ℓ_i (``_norms`` and ``_factors`` undo S)
+                losses = losses * self.precision.loss_scale
             kept = sum(c.out_bytes for e in self.planned for c in e.calls)
             if kept <= self._budget(losses.device):
                 self.mode = "book-keeping"
@@ -430,7 +444,7 @@ class BookKeepingEngine:
                 self._add(recon, names, grads.clipped(torch.ones_like(grads.sq)))
             self._check_coverage(recon, dict(zip(self.params, reference)), {q for names, _ in layers for q in names.values()})
         norms = self._norms([grads.sq for _, grads in layers], losses)
-        c = factors(norms).detach()  # [b]
+        c = self._factors_of(factors, norms)  # [b]
         sums: dict[str, torch.Tensor] = {}
         for names, grads in layers:
             self._add(sums, names, grads.clipped(c))
@@ -469,7 +483,7 @@ class BookKeepingEngine:
                             "a functional call on some inputs, which the first batch did not take): "
                             + ", ".join(unseen))
         norms = self._norms([e.sq for e in self.planned if e.sq is not None] + [g.sq for _, g in tied], losses)
-        self._factors = factors(norms).detach()  # [b]
+        self._factors = self._factors_of(factors, norms)  # [b]
         self._sums = {}
         for names, grads in tied:
             self._add(self._sums, names, grads.clipped(self._factors))
@@ -486,11 +500,18 @@ class BookKeepingEngine:
         return self._all(self._sums), norms
 
     def _norms(self, squares: list[torch.Tensor], losses: torch.Tensor) -> torch.Tensor:
-        """n_i = √(Σ over layers of the per-sample squared norms) [b]."""
+        """n_i = √(Σ over layers of the per-sample squared norms) [b], in at least float32 whatever the
+        model's dtype (a half-precision norm rounds below the true one, and fp16 overflows above
+        65504), the loss scale undone."""
         sq = torch.zeros(len(losses), device=losses.device, dtype=torch.promote_types(losses.dtype, torch.float32))
         for part in squares:
             sq = sq + part.to(sq.dtype)
-        return sq.clamp_min(0).sqrt().to(losses.dtype)
+        return sq.clamp_min(0).sqrt() / self.precision.loss_scale
+
+    def _factors_of(self, factors: FactorFn, norms: torch.Tensor) -> torch.Tensor:
+        """c_i = factors(n_i) for the true norms, divided by the loss scale: the rules multiply the
+        scaled gradients S·g_i by c_i, which gives factors(n_i)·g_i (in float32)."""
+        return factors(norms).detach() / self.precision.loss_scale
 
     def _check_coverage(self, recon: dict[str, torch.Tensor], reference: dict[str, torch.Tensor | None],
                         seen: set[str]) -> None:
@@ -500,8 +521,11 @@ class BookKeepingEngine:
         if not all(bool(torch.isfinite(g).all()) for g in (*recon.values(), *reference.values()) if g is not None):
             return
         total = math.sqrt(sum(float(g.double().pow(2).sum()) for g in reference.values() if g is not None))
+        coarse = [self.precision.dtype, *(p.dtype for p in self.params.values())]
+        rtol = max([COVERAGE_RTOL] + [COVERAGE_ULPS * torch.finfo(d).eps for d in coarse
+                                      if d in (torch.bfloat16, torch.float16)])
         missing = [q for q, g in recon.items()
-                   if not _close(g if q in seen else None, reference.get(q), COVERAGE_FLOOR * total)]
+                   if not _close(g if q in seen else None, reference.get(q), COVERAGE_FLOOR * total, rtol)]
         if missing:
             raise _Uncovered(missing)
         self.checked = True
@@ -533,12 +557,13 @@ def free_memory(device: torch.device) -> float:
     return math.inf
 
 
-def _close(recon: torch.Tensor | None, reference: torch.Tensor | None, floor: float) -> bool:
-    """The rule's batch gradient matches autograd's (None: no gradient) within ``COVERAGE_RTOL``,
-    or differs by less than ``floor``."""
+def _close(recon: torch.Tensor | None, reference: torch.Tensor | None, floor: float,
+           rtol: float = COVERAGE_RTOL) -> bool:
+    """The rule's batch gradient matches autograd's (None: no gradient) within ``rtol``, or differs
+    by less than ``floor``."""
     ref = torch.zeros(()) if reference is None else reference.to(torch.promote_types(reference.dtype, torch.float32))
     got = torch.zeros((), dtype=ref.dtype) if recon is None else recon.to(ref.dtype)
     if recon is not None and reference is not None:
         got = got.reshape(ref.shape)
     diff = float((got - ref).norm())
-    return diff <= max(COVERAGE_RTOL * max(float(ref.norm()), float(got.norm())), floor)
+    return diff <= max(rtol * max(float(ref.norm()), float(got.norm())), floor)

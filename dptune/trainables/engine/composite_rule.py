@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ...errors import UserError
 from .layer_rules import Call, Rule, _materialised_rule, _nbytes
+from .precision import Precision
 from .recurrent import rnn_forward
 
 
@@ -78,15 +79,16 @@ class Composite(Rule):
         return None  # the batch dims are read per call (``_input_dims``, ``_output_dims``)
 
     def per_sample(self, module, calls, names, ctx, batch_size):
-        grads = self.per_example(module, calls, names, batch_size)
+        grads = self.per_example(module, calls, names, batch_size, ctx.precision)
         kept = sum(_nbytes(*[a for a in tree_flatten(c.args)[0] if isinstance(a, torch.Tensor)], *filled(c))
                    for c in calls)
         return _materialised_rule(grads, f"per-example vmap ({type(module).__name__})", kept)
 
     def per_example(self, module: nn.Module, calls: Sequence[Call], names: Sequence[str],
-                    batch_size: int) -> dict[str, torch.Tensor]:
+                    batch_size: int, precision: Precision = Precision()) -> dict[str, torch.Tensor]:
         """{name: [b, *shape]}: the per-example gradients of ``module``'s parameters ``names`` (dotted
-        paths inside it), summed over its calls."""
+        paths inside it), summed over its calls; each call replayed under ``precision``'s autocast, as
+        the training forward ran it."""
         params = {n: module.get_parameter(n).detach() for n in names}
         total: dict[str, torch.Tensor] = {}
         for call in calls:
@@ -97,8 +99,9 @@ class Composite(Rule):
                 return pullback(tuple(g.unsqueeze(d) for g, d in zip(cotangents, _view.out_dims)))[0]
 
             try:
-                grads = vmap(example, in_dims=(tuple(view.out_dims), tuple(view.in_dims)), randomness="error")(
-                    tuple(view.cotangents), tuple(view.inputs))
+                with precision.autocast(call.shapes[0][2]):
+                    grads = vmap(example, in_dims=(tuple(view.out_dims), tuple(view.in_dims)),
+                                 randomness="error")(tuple(view.cotangents), tuple(view.inputs))
             except UserError:
                 raise
             except Exception as exc:  # e.g. dropout inside the unit, an op without a batching rule

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .batching import Inputs, batch_len, model_outputs
+from .precision import Precision
 
 
 class Workers:
@@ -109,14 +110,15 @@ def shard_bounds(num_examples: int, rank: int, size: int) -> tuple[int, int]:
 
 
 def baseline_gradient(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inputs: Inputs,
-                      targets: torch.Tensor, workers: Workers) -> int:
+                      targets: torch.Tensor, workers: Workers, precision: Precision = Precision()) -> int:
     """Non-private baseline: set ``.grad`` to the mean gradient of the per-example ``loss_fn`` over
     the *global* realised batch (Σ over workers of the summed losses' gradients, over the global batch
-    size); returns that size (0: no step)."""
+    size), the forward under ``precision``'s autocast; returns that size (0: no step)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if batch_len(inputs):
-        loss = loss_fn(model_outputs(model, inputs), targets).sum()
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        with precision.autocast(targets.device):
+            loss = loss_fn(model_outputs(model, inputs), targets).sum()
+        grads = precision.backward(loss, params)
     else:
         grads = [None] * len(params)
     sums = {str(i): torch.zeros_like(p) if g is None else g for i, (p, g) in enumerate(zip(params, grads))}

@@ -87,6 +87,8 @@ class DPEngine:
     ``diagnostics`` (names or objects, NOT private), ``all_reduce`` (W data-parallel workers,
     :mod:`.distributed`: sums the workers' clipped sums before the noise, which every worker then
     draws identically: noise added once). ``max_physical_batch_size`` bounds the micro-batches.
+    ``precision`` (fp32, bf16, fp16: :mod:`.precision`) autocasts the forward and backward only;
+    norms, factors, clipped sums and noise stay in float32 or wider.
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, clip_bound: float, noise_multiplier: float,
@@ -95,9 +97,10 @@ class DPEngine:
                  max_physical_batch_size: int | None = None, generator: torch.Generator | None = None,
                  noise: Callable[[Sums], Sums] | None = None, diagnostics: Sequence[str | object] = (),
                  probes: Stream | torch.Generator | None = None,
-                 all_reduce: Callable[[Sums], Sums] | None = None) -> None:
+                 all_reduce: Callable[[Sums], Sums] | None = None, precision: str = "fp32") -> None:
         for name, value in (("clip_bound", clip_bound), ("noise_multiplier", noise_multiplier),
-                            ("clip_fn", clip_fn), ("max_physical_batch_size", max_physical_batch_size)):
+                            ("clip_fn", clip_fn), ("max_physical_batch_size", max_physical_batch_size),
+                            ("precision", precision)):
             check_option(name, value)   # the trainer's own rule for each (dptune/schema/trial.py)
         if not expected_batch_size > 0:
             raise UserError(f"expected_batch_size must be > 0; got {expected_batch_size!r}")
@@ -111,7 +114,10 @@ class DPEngine:
         self.max_physical_batch_size = max_physical_batch_size
         if isinstance(norm_estimator, str):
             check_estimator(norm_estimator, sketch_k)   # the accountant's rule: it exists; k when randomised
-            norm_estimator = NORM_ENGINES.get(norm_estimator)(model, loss_fn, sketch_k=sketch_k)
+            norm_estimator = NORM_ENGINES.get(norm_estimator)(model, loss_fn, sketch_k=sketch_k, precision=precision)
+        elif precision != "fp32":
+            raise UserError(f"precision {precision!r} applies to the named norm estimators; a per-sample engine "
+                            "object runs its own forward")
         self.norms = norm_estimator
         self.probes = probes
         self.noise = noise or GaussianNoise(self.noise_multiplier * self.clip_bound, generator)

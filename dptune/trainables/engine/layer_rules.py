@@ -33,6 +33,7 @@ from torch import nn
 
 from ...errors import UserError
 from .norm_estimators import RANDOMISED_WEIGHT_NORMS, gram_sq_norms
+from .precision import Precision
 
 #: Per-sample weight gradients are materialised only while they take at most this many bytes per
 #: layer and micro-batch; above it the ghost form is used (memory O(bT²) instead of O(bdp)).
@@ -85,13 +86,17 @@ class NormContext:
     one (set per logical batch by ``BookKeepingEngine.start_step``), each layer's probes come from
     a generator seeded by (step seed, the layer's index in ``layers``): the same probes for every
     micro-batch of the step and on every worker of a multi-worker trial, so the result depends on
-    neither the micro-batch size nor the number of workers."""
+    neither the micro-batch size nor the number of workers.
+
+    ``precision``: the run's mixed precision; a rule that replays a module's forward (the composite
+    and replay rules) replays it under the same autocast as the training forward."""
 
     estimator: str
     sketch_k: int | None
     generator: torch.Generator | None
     step_seed: int | None = None
     layers: dict = field(default_factory=dict)  # id(module) -> index, fixed when the engine is built
+    precision: Precision = field(default_factory=Precision)
 
     def probes(self, module: nn.Module) -> torch.Generator | None:
         """The generator of ``module``'s probes for the current step (see the class docstring)."""
@@ -117,6 +122,29 @@ class LayerGrads:
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     """At least float32 (per-sample norms in half precision lose the small examples)."""
     return torch.promote_types(t.dtype, torch.float32)
+
+
+def wide(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """``tensors`` in one dtype of at least float32 (the widest of theirs): per-example norms,
+    clipping factors and clipped sums are never formed in half precision, whatever the model's
+    dtype or autocast, so that no example's contribution exceeds C by a half-precision rounding
+    (a no-op for float32 tensors)."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return [t.to(dtype) for t in tensors]
+
+
+def scaled_sum(c: torch.Tensor, per_sample: torch.Tensor) -> torch.Tensor:
+    """Σ_i c_i g_i from per-sample gradients [b, *shape], in at least float32."""
+    c, per_sample = wide(c, per_sample)
+    return torch.einsum("b,b...->...", c, per_sample)
+
+
+def scaled_rows(c: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """c_i · row i of ``rows`` [b, ...], in at least float32."""
+    c, rows = wide(c, rows)
+    return rows * c.reshape(-1, *(1,) * (rows.dim() - 1))
 
 
 def unfold_patches(x: torch.Tensor, conv: nn.Module) -> torch.Tensor:
@@ -147,7 +175,7 @@ def _materialised_rule(per_sample: dict[str, torch.Tensor], form: str, kept: int
     sq = sum(torch.linalg.vector_norm(g.flatten(1), dim=1, dtype=dtype).square() for g in per_sample.values())  # [b]
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {n: torch.einsum("b,b...->...", c.to(g.dtype), g) for n, g in per_sample.items()}
+        return {n: scaled_sum(c, g) for n, g in per_sample.items()}
 
     return LayerGrads(sq, clipped, form, kept + _nbytes(*per_sample.values()))
 
@@ -230,7 +258,7 @@ class LinearLike(Rule):
             if weight is not None:
                 out["weight"] = self._weight_from(module, weight.clipped(c))
             if bias is not None:
-                out["bias"] = c.to(bias.dtype) @ bias
+                out["bias"] = scaled_sum(c, bias)
             return out
 
         return LayerGrads(sq, clipped, weight.form if weight is not None else "bias only",
@@ -255,13 +283,13 @@ class WeightGrads:
         return _nbytes(self.M)
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
-        A, G = self.A, self.G
-        d, p = A.shape[2], G.shape[2]
         if self.M is not None:
-            return torch.einsum("b,bdp->dp", c.to(self.M.dtype), self.M)
+            return scaled_sum(c, self.M)
+        c, A, G = wide(c, self.A, self.G)
+        d, p = A.shape[2], G.shape[2]
         if d <= p:  # scale the narrower side by c, then one product over all (i, t)
-            return (A * c.to(A.dtype)[:, None, None]).reshape(-1, d).t() @ G.reshape(-1, p)
-        return A.reshape(-1, d).t() @ (G * c.to(G.dtype)[:, None, None]).reshape(-1, p)
+            return (A * c[:, None, None]).reshape(-1, d).t() @ G.reshape(-1, p)
+        return A.reshape(-1, d).t() @ (G * c[:, None, None]).reshape(-1, p)
 
 
 def weight_and_bias(A: torch.Tensor, G: torch.Tensor, names: Sequence[str], ctx: NormContext,
@@ -300,7 +328,7 @@ def exact_weight_grads(A: torch.Tensor, G: torch.Tensor) -> WeightGrads:
                            "ghost (T = 1)")
     if prefer_ghost(b, T, d, p, A.element_size()):
         return WeightGrads(A, G, gram_sq_norms(A, G), "ghost")
-    M = torch.bmm(A.transpose(1, 2), G)  # [b, d, p]
+    M = torch.bmm(*wide(A.transpose(1, 2), G))  # [b, d, p]
     return WeightGrads(A, G, torch.linalg.vector_norm(M.flatten(1), dim=1, dtype=dtype).square(), "materialised", M)
 
 
@@ -327,8 +355,10 @@ class Conv2d(Rule):
 
     def _weight_grad(self, module: nn.Module, x: torch.Tensor, g: torch.Tensor, groups: int,
                      weight_shape: tuple[int, ...]) -> torch.Tensor:
-        """The convolution's weight gradient for input x and output gradient g (no input gradient)."""
-        shape_only = module.weight.new_empty(weight_shape)  # only its shape is read
+        """The convolution's weight gradient for input x and output gradient g (no input gradient),
+        in at least float32."""
+        x, g = wide(x, g)
+        shape_only = g.new_empty(weight_shape)  # only its shape is read
         return torch.ops.aten.convolution_backward(
             g, x, shape_only, None, module.stride, module.padding, module.dilation, False, (0, 0), groups,
             (False, True, False))[1]
@@ -368,10 +398,10 @@ class Conv2d(Rule):
             sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
 
         def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-            out = {"weight": sum(self._weight_grad(module, call.args[0], call.grad * c.to(call.grad.dtype)[:, None, None, None],
+            out = {"weight": sum(self._weight_grad(module, call.args[0], scaled_rows(c, call.grad),
                                                    module.groups, tuple(w.shape)) for call in calls)}
             if bias is not None:
-                out["bias"] = c.to(bias.dtype) @ bias
+                out["bias"] = scaled_sum(c, bias)
             return out
 
         return LayerGrads(sq, clipped, "ghost (unfolded grams, native weight gradient)",
@@ -423,9 +453,9 @@ def embedding_sq_norms(ids: torch.Tensor, G: torch.Tensor, keep: torch.Tensor,
 
 def embedding_clipped(ids: torch.Tensor, G: torch.Tensor, keep: torch.Tensor, c: torch.Tensor,
                       weight: torch.Tensor) -> torch.Tensor:
-    """Σ_i c_i g_i of an embedding's weight (shaped like ``weight``)."""
-    scaled = (G * c.to(G.dtype)[:, None, None])[keep]  # [n, e]
-    return torch.zeros_like(weight).index_add_(0, ids[keep], scaled.to(weight.dtype))
+    """Σ_i c_i g_i of an embedding's weight (shaped like ``weight``, in at least float32)."""
+    scaled = scaled_rows(c, G)[keep]  # [n, e]
+    return torch.zeros(weight.shape, dtype=scaled.dtype, device=scaled.device).index_add_(0, ids[keep], scaled)
 
 
 def loaded_class(module: str, name: str) -> type | None:
@@ -485,8 +515,10 @@ class Normalisation(Rule):
     def per_sample(self, module, calls, names, ctx, batch_size):
         grads: dict[str, torch.Tensor] = {}
         for call in calls:
-            x, G = call.args[0], call.grad
-            xhat, dims = self._normalised(module, x)
+            x = call.args[0]
+            with ctx.precision.autocast(x.device):   # x̂ as the training forward computed it
+                xhat, dims = self._normalised(module, x)
+            xhat, G = wide(xhat, call.grad)
             keep_batch = tuple(dim for dim in dims if dim != 0)  # sum over positions, not examples
             parts = {"weight": (xhat * G).sum(dim=keep_batch) if keep_batch else xhat * G,
                      "bias": G.sum(dim=keep_batch) if keep_batch else G}

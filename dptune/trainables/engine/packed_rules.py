@@ -14,14 +14,16 @@ import torch
 from torch import nn
 
 from .layer_rules import (Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, _compute_dtype, _nbytes,
-                          embedding_clipped, embedding_sq_norms, prefer_ghost, unfold_patches,
-                          weight_and_bias)
+                          embedding_clipped, embedding_sq_norms, prefer_ghost, scaled_rows, unfold_patches,
+                          weight_and_bias, wide)
 from .packed_layers import PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, _by_member
 
 
 def per_member(c: torch.Tensor, per_sample: torch.Tensor, members: int) -> torch.Tensor:
-    """Σ_i c_ki g_ki for each member k: [K·b] factors and [K·b, *shape] gradients → [K, *shape]."""
-    return torch.einsum("kb,kb...->k...", _by_member(c.to(per_sample.dtype), members), _by_member(per_sample, members))
+    """Σ_i c_ki g_ki for each member k: [K·b] factors and [K·b, *shape] gradients → [K, *shape], in
+    at least float32."""
+    c, per_sample = wide(c, per_sample)
+    return torch.einsum("kb,kb...->k...", _by_member(c, members), _by_member(per_sample, members))
 
 
 def _materialised(per_sample: dict[str, torch.Tensor], members: int, form: str, kept: int = 0) -> LayerGrads:
@@ -49,8 +51,8 @@ def _packed_weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor,
             if weight.M is not None:
                 M = per_member(c, weight.M, K)  # [K, d, p]
             else:
-                scaled = (A * c.to(A.dtype)[:, None, None]).reshape(K, -1, d)
-                M = torch.bmm(scaled.transpose(1, 2), G.reshape(K, -1, p))
+                scaled = scaled_rows(c, A).reshape(K, -1, d)
+                M = torch.bmm(scaled.transpose(1, 2), G.to(scaled.dtype).reshape(K, -1, p))
             out["weight"] = M.transpose(1, 2).reshape(module.weight.shape)
         if bias is not None:
             out["bias"] = per_member(c, bias, K)
@@ -124,7 +126,7 @@ class PackedConv2dRule(Rule):
         """Σ_i c_ki g_ki of the weight [K, p, C, kh, kw]: the native weight gradient of the grouped
         convolution, fed (c·G) with the members side by side in the channels."""
         K, w = module.members, module.weight
-        x, g = call.args[0], call.grad * c.to(call.grad.dtype)[:, None, None, None]
+        x, g = call.args[0], scaled_rows(c, call.grad)
         b = x.shape[0] // K
         side_x = x.reshape(K, b, *x.shape[1:]).transpose(0, 1).reshape(b, -1, *x.shape[2:])
         side_g = g.reshape(K, b, *g.shape[1:]).transpose(0, 1).reshape(b, -1, *g.shape[2:])
@@ -142,8 +144,10 @@ class PackedNormRule(Rule):
     def per_sample(self, module, calls, names, ctx, batch_size):
         grads: dict[str, torch.Tensor] = {}
         for call in calls:
-            x, G = call.args[0], call.grad
-            xhat = module.normalised(x)
+            x = call.args[0]
+            with ctx.precision.autocast(x.device):   # x̂ as the training forward computed it
+                xhat = module.normalised(x)
+            xhat, G = wide(xhat, call.grad)
             if module.group:
                 dims = tuple(range(2, x.dim()))
             else:

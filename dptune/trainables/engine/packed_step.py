@@ -58,7 +58,8 @@ class PackedDPEngine:
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, members: int, clip_bounds: Sequence[float],
                  noise_multipliers: Sequence[float], expected_batch_size: float, norm_estimator: str = "exact",
                  sketch_k: int | None = None, clip_fn: str = "flat", max_physical_batch_size: int | None = None,
-                 noise: Stream | None = None, shared_noise: bool = True, probes: Stream | None = None) -> None:
+                 noise: Stream | None = None, shared_noise: bool = True, probes: Stream | None = None,
+                 precision: str = "fp32") -> None:
         if len(clip_bounds) != members or len(noise_multipliers) != members:
             raise UserError(f"a pack of {members} members needs {members} clip bounds and noise multipliers; "
                             f"got {len(clip_bounds)} and {len(noise_multipliers)}")
@@ -67,6 +68,7 @@ class PackedDPEngine:
             check_option("noise_multiplier", s)
         check_option("clip_fn", clip_fn)
         check_option("max_physical_batch_size", max_physical_batch_size)
+        check_option("precision", precision)
         if not expected_batch_size > 0:
             raise UserError(f"expected_batch_size must be > 0; got {expected_batch_size!r}")
         check_model(model)
@@ -81,7 +83,7 @@ class PackedDPEngine:
         self.expected_batch_size = float(expected_batch_size)
         self.clip = CLIP_FNS.get(clip_fn)
         self.max_physical_batch_size = max_physical_batch_size
-        self.norms = NORM_ENGINES.get(norm_estimator)(model, loss_fn, sketch_k=sketch_k)
+        self.norms = NORM_ENGINES.get(norm_estimator)(model, loss_fn, sketch_k=sketch_k, precision=precision)
         self.noise_stream = noise
         self.shared_noise = shared_noise
         self.probes = probes

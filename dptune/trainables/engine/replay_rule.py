@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from ...errors import UserError
 from .composite_rule import COMPOSITE, Composite, filled
-from .layer_rules import Call, LayerGrads, NormContext, _compute_dtype, _nbytes, linear_weight_grads
+from .layer_rules import Call, LayerGrads, NormContext, _compute_dtype, _nbytes, linear_weight_grads, scaled_sum
 from .recurrent import rnn_forward
 
 #: A tapped block: (parameter name, first row, end row) — rows None: the whole parameter.
@@ -87,15 +87,16 @@ class Replayed(Composite):
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         try:
-            uses = [use for call in calls for use in self._tapped(module, call, names)]
+            uses = [use for call in calls for use in self._tapped(module, call, names, ctx)]
         except _NotReplayable:
             return COMPOSITE.per_sample(module, calls, names, ctx, batch_size)
         return _combine(module, uses, names, ctx)
 
-    def _tapped(self, module: nn.Module, call: Call, names: Sequence[str]) -> list:
-        """(weight block, bias block, A [b, T, d], G [b, T, p]) of every tapped use in one call."""
+    def _tapped(self, module: nn.Module, call: Call, names: Sequence[str], ctx: NormContext) -> list:
+        """(weight block, bias block, A [b, T, d], G [b, T, p]) of every tapped use in one call, the
+        replay under the training forward's autocast."""
         taps = Taps(module, names)
-        with torch.enable_grad():
+        with torch.enable_grad(), ctx.precision.autocast(call.shapes[0][2]):
             outputs = (_replay_rnn if isinstance(module, nn.RNNBase) else _replay_attention)(module, call, taps)
             cotangents = filled(call)
             pairs = [(o, g) for o, g in zip(outputs, cotangents) if o.requires_grad]
@@ -133,11 +134,11 @@ def _combine(module: nn.Module, uses: list, names: Sequence[str], ctx: NormConte
     params = dict(module.named_parameters())
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = {n: torch.zeros_like(params[n]) for n in names}
+        out = {n: torch.zeros_like(params[n], dtype=_compute_dtype(params[n])) for n in names}
         for (name, start, stop), w in weights.items():
-            out[name][slice(start, stop)] += w.clipped(c).t().to(out[name].dtype)
+            out[name][slice(start, stop)] += w.clipped(c).t()
         for (name, start, stop), b in biases.items():
-            out[name][slice(start, stop)] += (c.to(b.dtype) @ b).to(out[name].dtype)
+            out[name][slice(start, stop)] += scaled_sum(c, b)
         return out
 
     kept = sum(w.kept_bytes + _nbytes(w.A, w.G) for w in weights.values()) + _nbytes(*biases.values())

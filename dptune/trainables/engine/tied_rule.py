@@ -70,9 +70,9 @@ def tied_embedding_head(uses: Sequence[tuple[nn.Module, Sequence[Call]]], weight
         kept += _nbytes(at_ids, inner)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-        total = torch.zeros_like(weight)
+        total = torch.zeros_like(weight, dtype=dtype)
         if head is not None:
-            total += head.clipped(c).t().to(weight.dtype)
+            total += head.clipped(c).t()
         if embedded is not None:
             total += embedding_clipped(ids, Ge, keep, c, weight)
         return {"weight": total}

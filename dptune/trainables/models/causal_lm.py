@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ...errors import UserError
-from ..hub import ResourceNotFound, hub_access, pretrained_location, unavailable
+from ..hub import ResourceNotFound, float32_weights, hub_access, pretrained_location, unavailable
 from .finetuning import LoraSettings, apply_peft
 from .text import ATTENTION, _override, _peft_default_targets, _quiet_transformers, _register_attention
 
@@ -160,11 +160,11 @@ def create_causal_lm(name: str, *, num_classes: int = 0, input_shape: tuple[int,
         _override(config, name, overrides)
         implementation = ATTENTION[attention]
         if weights == "random":
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, **float32_weights())
         else:
             try:
                 model = AutoModelForCausalLM.from_pretrained(**pretrained_location(source), config=config,
-                                                             attn_implementation=implementation)
+                                                             attn_implementation=implementation, **float32_weights())
             except OSError:
                 raise unavailable("model", name, f"the weights ({source})", "pass weights=DIR or 'random'") from None
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or config.eos_token_id

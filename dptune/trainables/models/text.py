@@ -27,7 +27,7 @@ from torch import nn
 
 from ...errors import UserError
 from .finetuning import LoraSettings, apply_peft
-from ..hub import ResourceNotFound, hub_access, unavailable
+from ..hub import ResourceNotFound, float32_weights, hub_access, unavailable
 from ..registries import TEXT_BACKBONES
 
 
@@ -151,12 +151,14 @@ def create_text_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
         _override(config, name, overrides)
         implementation = ATTENTION[attention]
         if weights == "random":
-            model = AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation)
+            model = AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation,
+                                                                   **float32_weights())
             missing = []
         else:
             try:
                 model, info = AutoModelForSequenceClassification.from_pretrained(
-                    source, config=config, attn_implementation=implementation, output_loading_info=True)
+                    source, config=config, attn_implementation=implementation, output_loading_info=True,
+                    **float32_weights())
             except OSError:
                 raise unavailable("model", name, f"the weights ({source})", _how(source)) from None
             missing = info["missing_keys"]
