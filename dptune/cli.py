@@ -394,7 +394,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
 def _run_audit(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm.auto import tqdm
 
-    from .platform.views.audit_command import audit, cell_trial, stored_trial
+    from .platform.views.audit_command import audit, cell_trial, pack_mates, stored_trial
     from .platform.store.layout import ExperimentPaths
     from .trainables.audit.run import describe, AuditResult
 
@@ -403,11 +403,14 @@ def _run_audit(args: argparse.Namespace, out: TextIO) -> int:
     paths = ExperimentPaths.find(args.store or ".") if args.trial else None
     config, workers = stored_trial(paths, args.trial) if paths else cell_trial(args.spec, args.cell, args.config)
     workers = args.workers or workers
+    mates = pack_mates(paths, args.trial) if paths else []
     print(f"auditing {config.get('cell', '')} C={config['clip_bound']:g} B={config['batch_size']} "
-          f"η={config['learning_rate']:.3g} on {workers} worker(s)", file=out)
+          f"η={config['learning_rate']:.3g} on {workers} worker(s)"
+          + (f", as a member of its pack of {len(mates) + 1}" if mates else ""), file=out)
     with tqdm(total=config.get("steps"), disable=args.quiet or workers > 1, unit="step", desc="audit run",
               file=sys.stderr) as bar:
         result = audit(config, workers=workers, progress=lambda step: bar.update(step - bar.n),
+                       pack_with=mates,
                        gradient=args.gradient_canaries, inputs=args.input_canaries, seed=args.seed,
                        broken=args.broken)
     print(describe(AuditResult.from_dict(result)), file=out)

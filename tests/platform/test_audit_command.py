@@ -45,3 +45,22 @@ def test_a_stored_trial_is_audited_kept_and_reported(tmp_path):
 def test_audit_needs_one_source(capsys):
     assert main(["audit"], out=io.StringIO()) == 2
     assert "give either SPEC or --store and --trial" in capsys.readouterr().err
+
+
+def test_a_pack_member_is_audited_in_its_pack(tmp_path):
+    """Issue 47: a stored member (trial id <pack>-m<k>) is audited as a member of its pack, by the
+    packed engine, with its pack-mates' configurations; the broken engine is caught there too."""
+    root = tmp_path / "exp"
+    store = ResultsStore(str(root / "store"))
+    mates = {"p1-m0": dict(clip_bound=0.5, learning_rate=0.2, epsilon=4.0), "p1-m1": {},
+             "p1-m2": dict(clip_bound=2.0, learning_rate=0.1, epsilon=2.0), "p2": {}}
+    for trial_id, changes in mates.items():
+        config = resolved({**CONFIG, **changes})
+        store.write_trial({"trial_id": trial_id, "cell": "digits/mlp", "status": "finished", "epsilon": config["epsilon"],
+                           "private": True, "config_json": to_json(config)})
+    out = io.StringIO()
+    code = main(["audit", "--store", str(root), "--trial", "p1-m1", "--quiet", "--input-canaries", "0",
+                 "--broken", "noise_div10", "--json", str(tmp_path / "a.json")], out=out)
+    assert code == 0 and "as a member of its pack of 3" in out.getvalue()
+    result = json.loads((tmp_path / "a.json").read_text())
+    assert result["violated"] and result["epsilon"] == pytest.approx(1.0, rel=1e-3)

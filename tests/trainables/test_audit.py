@@ -82,3 +82,19 @@ def test_planting_keeps_n_and_includes_about_half():
     wrong = canaries.labels[400:]
     true = data.test.tensors[1][torch.as_tensor(canaries.test_rows[400:])].numpy()
     assert (wrong != true).all() and (wrong < data.num_classes).all()
+
+
+#: Another member of the audited configuration's pack: C, η and ε differ.
+PACK_MATE = dict(clip_bound=0.5, learning_rate=0.2, epsilon=4.0)
+
+
+@pytest.mark.parametrize("where", ["bf16", "pack member"])
+def test_the_engine_stays_below_and_a_broken_one_is_caught_in_bf16_and_in_a_pack(where):
+    """Issue 47: the audit's broken-engine check on the new paths: autocast bf16 (norms, factors,
+    sums and noise stay float32) and a member of a pack trained by the packed engine."""
+    options = {"pack_with": [trial(**PACK_MATE)]} if where == "pack member" else {}
+    cfg = trial(precision="bf16") if where == "bf16" else trial()
+    assert not audited(cfg, **options).violated
+    for broken in ("noise_div10", "clip_10x"):
+        result = audited(cfg, broken=broken, **options)
+        assert result.lower_bound > result.epsilon and result.violated, broken

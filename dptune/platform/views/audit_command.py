@@ -35,6 +35,17 @@ def stored_trial(paths: ExperimentPaths, trial_id: str) -> tuple[dict, int]:
     return config, workers
 
 
+def pack_mates(paths: ExperimentPaths, trial_id: str) -> list[dict]:
+    """The flat configs of the other members of ``trial_id``'s pack (none for a trial trained alone):
+    a pack member is audited in its pack, by the packed engine that trained it."""
+    pack, _, k = trial_id.rpartition("-m")
+    if not pack or not k.isdigit():
+        return []
+    trials = ResultsStore(paths.store).table("trials")
+    mates = trials[trials.trial_id.str.startswith(f"{pack}-m") & (trials.trial_id != trial_id)]
+    return [json.loads(c) for c in mates.sort_values("trial_id").config_json]
+
+
 def cell_trial(spec_path: str, cell_key: str | None, index: int) -> tuple[dict, int]:
     """(flat config, workers) of grid entry ``index`` of a spec's cell (default: the first private cell)."""
     from ...search_spaces import load_spec, plan_sweep
@@ -79,13 +90,18 @@ def _worker(rank: int, size: int, port: int, config: dict, options: dict, out: s
         dist.destroy_process_group()
 
 
-def audit(config: dict, *, workers: int = 1, progress: Callable[[int], None] | None = None, **options: object) -> dict:
-    """Audit a flat trial config on ``workers`` local processes; the result as a dict
-    (:meth:`~dptune.trainables.audit.run.AuditResult.to_dict`). ``options``: :func:`run_audit`'s."""
+def audit(config: dict, *, workers: int = 1, progress: Callable[[int], None] | None = None,
+          pack_with: list[dict] = (), **options: object) -> dict:
+    """Audit a flat trial config on ``workers`` local processes (or in its pack, with the flat configs
+    of ``pack_with``); the result as a dict (:meth:`~dptune.trainables.audit.run.AuditResult.to_dict`).
+    ``options``: :func:`run_audit`'s."""
     from ...trainables.audit.run import run_audit
 
     if workers <= 1:
-        return {**run_audit(train_config(config), progress=progress, **options).to_dict(), "workers": 1}
+        return {**run_audit(train_config(config), progress=progress, pack_with=[train_config(c) for c in pack_with],
+                            **options).to_dict(), "workers": 1}
+    if pack_with:
+        raise UserError("a pack member trains on one worker: audit it with --workers 1")
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,20 +61,57 @@ def find_state(path: str, trial_id: str | None = None) -> str:
     return checkpoints[-1]
 
 
+@dataclass
+class TrainedState:
+    """What a checkpoint holds of one trial: its model's tensors (trainable weights and buffers, by
+    their names in the unpacked model), its config and its step; ``member``: its index in a pack."""
+
+    model: dict
+    config: dict
+    step: int
+    source: str
+    member: int | None = None
+
+
+def trained_state(path: str, trial_id: str | None = None, *, device: str = "cpu") -> TrainedState:
+    """One trial's state from a checkpoint (see :func:`find_state` for ``path``): a trial trained alone
+    (``trainer``), or a member of a pack (``pack``; trial id ``<pack trial id>-m<k>``, whose checkpoint
+    is its pack's: member k's slice of every packed weight, the pack's shared buffers)."""
+    member = re.fullmatch(r"(.+)-m(\d+)", trial_id or "")
+    try:
+        source = find_state(path, trial_id)
+        member = None
+    except NotFound:
+        if member is None:
+            raise
+        source = find_state(path, member.group(1))
+    state = torch.load(source, map_location=device, weights_only=True)
+    if "pack" in state:
+        pack = state["pack"]
+        if member is None:
+            raise UserError(f"{source!r} is a pack's checkpoint: name one of its {len(pack['configs'])} members "
+                            f"(trial id <pack>-m<k>)")
+        k = int(member.group(2))
+        if not 0 <= k < len(pack["configs"]):
+            raise NotFound(f"no member {k} in the pack of {len(pack['configs'])} at {source!r}")
+        model = {**{n: t[k] for n, t in pack["model"].items()}, **pack.get("buffers", {})}
+        return TrainedState(model, pack["configs"][k], int(pack.get("step", 0)), source, k)
+    trainer_state = state.get("trainer", state)
+    if "config" not in trainer_state or "model" not in trainer_state:
+        raise UserError(f"{source!r} is not a dptune trainer checkpoint (no config or model weights)")
+    return TrainedState(trainer_state["model"], trainer_state["config"], int(trainer_state.get("step", 0)), source)
+
+
 def checkpoint_gradients(path: str, *, trial_id: str | None = None, examples: int | None = None, seed: int = 0,
                          micro_batch: int = 256, device: str = "cpu") -> CheckpointGradients:
     """Per-sample gradients of ``examples`` training examples (default: the trial's expected batch
     size B, the sum Theorem 5.2 is about), drawn uniformly without replacement with ``seed``."""
-    source = find_state(path, trial_id)
-    state = torch.load(source, map_location=device, weights_only=True)
-    trainer_state = state.get("trainer", state)
-    if "config" not in trainer_state or "model" not in trainer_state:
-        raise UserError(f"{source!r} is not a dptune trainer checkpoint (no config or model weights)")
-    cfg = TrainConfig.from_dict({**trainer_state["config"], "device": device})
+    state = trained_state(path, trial_id, device=device)
+    cfg = TrainConfig.from_dict({**state.config, "device": device})
     if not cfg.private:
         raise UserError("the checkpoint is of a non-private trial (no clipping, no σ): C* is undefined")
     trainer = Trainer(cfg)
-    trainer.model.load_state_dict(trainer_state["model"])
+    trainer.model.load_state_dict(state.model, strict=state.member is None)
     n = min(examples or cfg.batch_size, trainer.n_train)
     generator = torch.Generator().manual_seed(seed)
     idx = torch.randperm(trainer.n_train, generator=generator)[:n]
@@ -85,5 +123,4 @@ def checkpoint_gradients(path: str, *, trial_id: str | None = None, examples: in
         chunks.append(torch.cat([g.flatten(1) for g in grads.values()], dim=1).float().cpu().numpy())  # [b, d]
         labels.append(y.cpu().numpy())
     return CheckpointGradients(np.concatenate(chunks), np.concatenate(labels), trainer.plan.noise_multiplier,
-                               cfg.clip_bound, cfg.batch_size, int(trainer_state.get("step", 0)), cfg.to_dict(),
-                               source)
+                               cfg.clip_bound, cfg.batch_size, state.step, cfg.to_dict(), state.source)

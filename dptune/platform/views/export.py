@@ -89,10 +89,9 @@ def release_record(row: pd.Series, config: dict) -> dict:
 
 def export_release(store: str, out_dir: str, *, trial_id: str | None = None, out: TextIO = sys.stdout) -> list[str]:
     """Export the release of a local experiment (see the module docstring); returns the folders written."""
-    import torch
     from safetensors.torch import save_file
 
-    from .checkpoint_gradients import find_state
+    from .checkpoint_gradients import trained_state
 
     paths = ExperimentPaths.find(store)
     if paths.is_uri:
@@ -100,12 +99,12 @@ def export_release(store: str, out_dir: str, *, trial_id: str | None = None, out
     chosen = releasable(ResultsStore(paths.store).table("trials"), trial_id)
     written = []
     for _, row in chosen.iterrows():
-        state = torch.load(find_state(paths.root, row["trial_id"]), map_location="cpu", weights_only=True)["trainer"]
+        state = trained_state(paths.root, str(row["trial_id"]))
         folder = os.path.join(out_dir, str(row["trial_id"]))
         os.makedirs(folder, exist_ok=True)
-        save_file({k: v.detach().contiguous().clone() for k, v in state["model"].items()},
+        save_file({k: v.detach().contiguous().clone() for k, v in state.model.items()},
                   os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-        record = release_record(row, state["config"])
+        record = release_record(row, state.config)
         with open(os.path.join(folder, "release.json"), "w") as f:
             json.dump(record, f, indent=1)
         written.append(folder)

@@ -1,6 +1,7 @@
 """Deliberately broken DP engines: the audit's known answers (``dptune audit --broken NAME``).
 
-Each entry changes one part of a built :class:`~dptune.trainables.engine.dp_engine.DPEngine` the way a real bug would, so
+Each entry changes one part of a built :class:`~dptune.trainables.engine.dp_engine.DPEngine` (or of a pack's
+:class:`~dptune.trainables.engine.packed_step.PackedDPEngine`, but ``realised_batch``) the way a real bug would, so
 that an audit of it should find an ε lower bound above the accountant's ε. They exist to show that
 the audit (:mod:`.run`) can fail: run on a correct engine, it must stay below. Never train with
 them.
@@ -15,25 +16,36 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import UserError
 from ...registry import Registry
 from ..engine.dp_engine import DPEngine, Sums
-from ..engine.noise import GaussianNoise
+from ..engine.packed_step import PackedDPEngine
 
 BROKEN: Registry = Registry("broken engine")
 
 
+def _noise_source(engine: DPEngine | PackedDPEngine) -> object:
+    """What draws the engine's ξ (its ``standard_normal``): a single engine's noise part, or the pack's engine."""
+    return engine.noise if isinstance(engine, DPEngine) else engine
+
+
 @BROKEN.register("noise_div10")
-def noise_div10(engine: DPEngine) -> None:
-    engine.noise = GaussianNoise(engine.noise.std / 10, engine.noise.source)
+def noise_div10(engine: DPEngine | PackedDPEngine) -> None:
+    source = _noise_source(engine)
+    draw = source.standard_normal
+    source.standard_normal = lambda like: draw(like) / 10
 
 
 @BROKEN.register("clip_10x")
-def clip_10x(engine: DPEngine) -> None:
-    engine._factors = lambda norms: engine.clip(norms, 10 * engine.clip_bound)
+def clip_10x(engine: DPEngine | PackedDPEngine) -> None:
+    factors = engine._factors   # flat clipping at C of n/10 is clipping at 10·C of n
+    engine._factors = lambda norms: factors(norms / 10)
 
 
 @BROKEN.register("realised_batch")
 def realised_batch(engine: DPEngine) -> None:
+    if not isinstance(engine, DPEngine):
+        raise UserError("broken engine realised_batch: a single trial's engine only")
     clipped_sum, realised = engine.clipped_sum, [1]
 
     def counted(inputs: object, targets: torch.Tensor) -> tuple[Sums, torch.Tensor]:
@@ -44,20 +56,16 @@ def realised_batch(engine: DPEngine) -> None:
     engine.normalise = lambda noisy: {n: s / (realised[0] * engine.clip_bound) for n, s in noisy.items()}
 
 
-class _ReusedNoise(GaussianNoise):
-    """The first draw, for every later call too."""
-
-    def __init__(self, noise: GaussianNoise) -> None:
-        super().__init__(noise.std, noise.source)
-        self.first: Sums | None = None
-
-    def __call__(self, sums: Sums) -> Sums:
-        if self.first is None:
-            self.first = {n: self.std * self.standard_normal(s) for n, s in sums.items()}
-        return {n: s + self.first[n] for n, s in sums.items()}
-
-
 @BROKEN.register("reused_noise")
-def reused_noise(engine: DPEngine) -> None:
-    engine.noise = _ReusedNoise(engine.noise)
+def reused_noise(engine: DPEngine | PackedDPEngine) -> None:
+    source = _noise_source(engine)
+    draw, first = source.standard_normal, {}
+
+    def reused(like: torch.Tensor) -> torch.Tensor:   # the first draw of each shape, at every step
+        key = tuple(like.shape)
+        if key not in first:
+            first[key] = draw(like)
+        return first[key]
+
+    source.standard_normal = reused
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -28,6 +28,8 @@ from ...privacy.audit_bound import GRADIENT_CANARIES, INPUT_CANARIES, SIGNIFICAN
 from .canaries import TAG_SCALE, CanaryHead, Canaries, gradient_scores, input_scores, plant
 from ...schema import TrainConfig
 from ..engine.distributed import Workers
+from ..engine.packed_layers import load_member
+from ..pack_training import PackTrainer
 from ..training import Trainer, backbone_options, load_training_data
 
 
@@ -95,11 +97,12 @@ def audit_config(cfg: TrainConfig) -> TrainConfig:
 def run_audit(cfg: TrainConfig, *, gradient: int = GRADIENT_CANARIES, inputs: int = INPUT_CANARIES, seed: int = 0,
               significance: float = SIGNIFICANCE, broken: str | None = None,
               adjust: Callable[[Trainer], None] | None = None, workers: Workers | None = None,
-              progress: Callable[[int], None] | None = None) -> AuditResult:
+              progress: Callable[[int], None] | None = None, pack_with: Sequence[TrainConfig] = ()) -> AuditResult:
     """Audit ``cfg`` with ``gradient`` and ``inputs`` canaries included from ``seed``; ``broken``
     names a :mod:`.broken_engines` change, ``adjust`` changes the built trainer otherwise (e.g. the
     engine's two-pass mode); ``workers`` runs it data-parallel (every worker calls this).
-    ``progress`` is called with the step count after every step."""
+    ``pack_with``: the other members of its pack: ``cfg`` is then audited as member 0 of that pack,
+    trained by the packed engine. ``progress`` is called with the step count after every step."""
     from .broken_engines import BROKEN
 
     start = time.perf_counter()
@@ -107,16 +110,22 @@ def run_audit(cfg: TrainConfig, *, gradient: int = GRADIENT_CANARIES, inputs: in
     breaking = BROKEN.get(broken) if broken is not None else None
     data, canaries = plant(load_training_data(cfg, backbone_options(cfg)), gradient=gradient, inputs=inputs,
                            seed=seed)
-    trainer = AuditTrainer(cfg, data, canaries, workers=workers)
+    if pack_with:
+        trainer = PackTrainer([cfg, *map(audit_config, pack_with)], data,
+                              lead=lambda c, d: AuditTrainer(c, d, canaries, workers=workers))
+        optimizer, member = trainer.optimizer.optimizer, (0,)   # member 0's slice of each packed weight
+    else:
+        trainer = AuditTrainer(cfg, data, canaries, workers=workers)
+        optimizer, member = trainer.optimizer, ()
     if breaking is not None:
         breaking(trainer.engine)
     if adjust is not None:
         adjust(trainer)
     head: CanaryHead = trainer.model
     tag_gradients = []
-    trainer.optimizer.register_step_pre_hook(
-        lambda *_: tag_gradients.append(head.tags.weight.grad[:, 0].detach().double().cpu().clone()))
-    trainer.optimizer.register_step_post_hook(lambda *_: head.reset())
+    optimizer.register_step_pre_hook(
+        lambda *_: tag_gradients.append(head.tags.weight.grad[member][:, 0].detach().double().cpu().clone()))
+    optimizer.register_step_post_hook(lambda *_: head.reset())
     while not trainer.done:
         trainer.train_step()
         if progress is not None:
@@ -128,6 +137,9 @@ def run_audit(cfg: TrainConfig, *, gradient: int = GRADIENT_CANARIES, inputs: in
     if canaries.gradient:
         scores = gradient_scores(torch.stack(tag_gradients)[:, : canaries.gradient], cfg.batch_size)
         bounds["gradient"] = audit_bound(scores, included[: canaries.gradient], cfg.delta, level)
+    if pack_with:   # member 0's weights, on the unpacked model its metrics are computed on
+        load_member(trainer.model, trainer.lead.model, 0)
+        trainer = trainer.lead
     if canaries.inputs:
         scores = input_scores(trainer.model, data, canaries, trainer.device)
         bounds["inputs"] = audit_bound(scores, included[canaries.gradient:], cfg.delta, level)
