@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from ..errors import UserError
 from ..platform.store.layout import ExperimentPaths
 from ..platform.store.results_store import ResultsStore
+from ..schema import shown
 from . import figures
 from .denoise_cosine import cosine_curves, cosine_figure
 from .gradnorms import QUANTILE_COLUMNS, class_norms
@@ -309,8 +310,9 @@ def _summary_section(a: Analysis) -> str:
         s[col] = s[col].map(_acc)
     name = a.sweep.metric_name   # the table names the metric it holds
     s = s.rename(columns={"best accuracy": f"best {name}", "median accuracy": f"median {name}"})
-    if "train time (s)" in s:
-        s["train time (s)"] = s["train time (s)"].map(lambda v: f"{v:.1f}")
+    train_time = shown("train time (s)", "train_time_s")
+    if train_time in s:
+        s[train_time] = s[train_time].map(lambda v: f"{v:.1f}")
     note = ("<p class='note'>Trials run with reproducible randomness drew their batches and noise from "
             "the spec's seeds: anyone holding the spec can regenerate the noise, so their models are NOT "
             "for release (rerun the chosen setting with <code>trial: {randomness: secure}</code>).</p>"
@@ -389,7 +391,7 @@ def _optima_section(a: Analysis) -> str:
                "σ": _cell_text(r.get("noise_multiplier")) if r["private"] else "0",
                "T": _cell_text(r.get("steps")),
                "σ√T": _cell_text(r.get("noise_sqrt_steps")) if r["private"] else "0",
-               "clipped": _acc(r.get("clipped_fraction")) if r["private"] else "—",
+               shown("clipped", "clipped_fraction"): _acc(r.get("clipped_fraction")) if r["private"] else "—",
                "non-private": _acc(baseline), "on the grid's edge": r.get("grid_edge") or "—"}
         if a.fixed_cost is not None:
             fixed = a.fixed_cost[a.fixed_cost["cell_name"] == r["cell_name"]]

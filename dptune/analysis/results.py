@@ -25,7 +25,7 @@ import pandas as pd
 from ..errors import UserError
 from ..platform.store.results_store import ResultsStore
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
-from ..schema import FIELDS, HYPERPARAMETERS, METRICS, Metric, names
+from ..schema import FIELDS, HYPERPARAMETERS, METRICS, Metric, names, shown
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 #: Training options that split cells when they vary within a store (NULL means the default): the
@@ -303,7 +303,7 @@ class Sweep:
                    "best accuracy": best,
                    "median accuracy": acc.median() if len(acc) else np.nan}
             if "train_time_s" in t:
-                row["train time (s)"] = float(pd.to_numeric(t["train_time_s"], errors="coerce").sum())
+                row[shown("train time (s)", "train_time_s")] = float(pd.to_numeric(t["train_time_s"], errors="coerce").sum())
             # a store without the column predates secure mode: its runs were seeded
             modes = t["randomness"].fillna(RANDOMNESS[0]) if "randomness" in t else pd.Series([RANDOMNESS[0]])
             row["randomness"] = ", ".join(RANDOMNESS_LABELS[m] for m in sorted(set(modes)))

@@ -1,10 +1,12 @@
 """The trial schema: what one trial is (its fields, their roles and rules) and what it reports.
 
 Torch-free and Ray-free, below the trainer, the planner, the platform and the analysis, which all
-derive their lists from it (:mod:`.trial`, :mod:`.metrics`, :mod:`.option_registries`).
+derive their lists from it (:mod:`.trial`, :mod:`.metrics`, :mod:`.figures`: whether each figure a trial
+reports is private, :mod:`.option_registries`).
 """
+from .figures import FIGURES, NON_PRIVATE_LABEL, Figure, figure, non_private, shown
 from .metrics import LOSS_OF, METRICS, Metric
 from .trial import FIELDS, HYPERPARAMETERS, PLAN_FIGURES, ROLES, OptionError, Rule, TrainConfig, check_option, names, option
 
-__all__ = ["LOSS_OF", "METRICS", "Metric", "FIELDS", "HYPERPARAMETERS", "PLAN_FIGURES", "ROLES", "OptionError", "Rule", "TrainConfig",
+__all__ = ["FIGURES", "NON_PRIVATE_LABEL", "Figure", "figure", "non_private", "shown", "LOSS_OF", "METRICS", "Metric", "FIELDS", "HYPERPARAMETERS", "PLAN_FIGURES", "ROLES", "OptionError", "Rule", "TrainConfig",
            "check_option", "names", "option"]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .figures import shown
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -31,8 +33,9 @@ class Metric:
 
     @property
     def titled(self) -> str:
-        """The label, saying the direction where lower is better."""
-        return self.label + (" (lower is better)" if self.mode == "min" else "")
+        """The label, saying the direction where lower is better and that it is not private where it
+        is not (a validation split's: :mod:`.figures`)."""
+        return shown(self.label, self.name) + (" (lower is better)" if self.mode == "min" else "")
 
 
 METRICS = {m.name: m for m in (

@@ -17,7 +17,9 @@ query or compaction that meets it moves it to ``quarantine/<table>/`` with one w
 it and goes on; ``dptune resume`` records its trial again from the trial's checkpoint.
 
 ``gradnorms`` holds per-class gradient-norm statistics computed from private training examples:
-they are **not** differentially private (column ``nonprivate`` is always true).
+they are **not** differentially private (column ``nonprivate`` is always true). The view ``figures``
+says, for every figure a trial reports (the columns of ``trials`` and ``epochs`` named for them), whether
+it is public, private or non-private, and why: the trial schema's declarations (:mod:`dptune.schema.figures`).
 
 Queries are read-only and see the store and nothing else (a store is often shared: NFS, S3, a
 team's dashboard): one SELECT statement per query, or an EXPLAIN [ANALYZE] of one (checked on the
@@ -49,6 +51,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ...errors import UserError
+from ...schema import FIGURES
 from ..faults import fault_point
 from .durable import write_bytes
 from .layout import filesystem
@@ -187,7 +190,7 @@ class ResultsStore:
         return len(self._files(table, LOOSE))
 
     def connect(self, limits: QueryLimits = QueryLimits()) -> duckdb.DuckDBPyConnection:
-        """A locked-down DuckDB connection with the views ``trials``, ``epochs`` and ``gradnorms``:
+        """A locked-down DuckDB connection with the views ``trials``, ``epochs``, ``gradnorms`` and ``figures``:
         external access off, only the store's folder readable (a remote store: nothing, its data
         comes in as Arrow tables), extensions neither installed nor loaded, no temporary files,
         memory and threads bounded by ``limits``, configuration locked."""
@@ -210,6 +213,8 @@ class ResultsStore:
             # an older one, one of two parts holding the same trial (a compaction killed before it
             # deleted what it merged)
             _newest(con, source, lambda sql, table=table: con.execute(f"CREATE VIEW {table} AS {sql}"))
+        con.register("figures", pd.DataFrame([{"figure": f.name, "privacy": f.privacy, "reason": f.reason}
+                                              for f in FIGURES]))
         return con
 
     def _reachable(self, path: str) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from ...schema import non_private
 from ...search_spaces.spec import SpecError, mapping, register_section
 from ..store.layout import is_uri
 
@@ -33,9 +34,8 @@ if TYPE_CHECKING:
     from ray import tune
 
 #: The reported metrics computed from private training data without noise (NOT differentially
-#: private), as each tracker's runs are labelled.
-NON_PRIVATE = ("clipped_fraction, nonfinite_examples, nonprivate_* (per-class gradient-norm statistics "
-               "and diagnostics), validation_* (the selection metric, read on held-out private data)")
+#: private), as each tracker's runs are labelled: the trial schema's declarations (``schema/figures.py``).
+NON_PRIVATE = ", ".join(non_private())
 #: tracker → (the spec's keys, the packages it needs).
 TRACKERS = {"mlflow": (("tracking_uri", "experiment"), ("mlflow", "sqlalchemy", "alembic")),
             "wandb": (("project", "mode", "group", "dir"), ("wandb",)),

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from ...errors import UserError
-from ...schema import HYPERPARAMETERS
+from ...schema import HYPERPARAMETERS, METRICS, NON_PRIVATE_LABEL, figure, non_private
 from ..store.durable import read_json
 from ..store.layout import ExperimentPaths, filesystem
 from ..store.results_store import ResultsStore
@@ -39,6 +39,7 @@ class SweepStatus:
     running: int
     pending: int
     unrun: int = 0        # the driver ended with this many planned trials not run (`dptune resume` runs them)
+    metrics: tuple = ()   # the metrics the best column holds (those a store's trials selected on)
 
     @property
     def done(self) -> bool:
@@ -62,7 +63,9 @@ class SweepStatus:
                 tail += f"; the sweep stopped with {self.unrun} planned trial(s) not run: `dptune resume` runs them"
         elif self.eta_s is not None:
             tail += f"; ETA ≤ {_duration(self.eta_s)} at the rate so far (the plan is an upper bound)"
-        return "\n".join(lines + [tail])
+        notes = [f"best: {METRICS[m].label if m in METRICS else m} is {NON_PRIVATE_LABEL} ({figure(m).reason})"
+                 for m in non_private(list(self.metrics))]
+        return "\n".join(lines + [tail] + notes)
 
 
 def _duration(seconds: float) -> str:
@@ -124,5 +127,6 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
     eta = None
     if elapsed and spent_total > 0 and (running_total or pending_total):
         eta = max(planned_total - spent_total, 0.0) / (spent_total / elapsed)
+    metrics = tuple(sorted(set(trials["metric"].dropna()))) if "metric" in trials else ()
     return SweepStatus(pd.DataFrame(rows, columns=COLUMNS), spent_total, planned_total, eta, running_total,
-                       pending_total, int(live_file.get("unrun", 0)) if ended else 0)
+                       pending_total, int(live_file.get("unrun", 0)) if ended else 0, metrics)
