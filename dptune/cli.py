@@ -531,6 +531,8 @@ def _report_outcome(outcome, out: TextIO) -> int:
     from .platform.sweep.driver import summary_table
 
     paths = outcome.paths
+    if outcome.recurring is not None:
+        raise UserError(f"the sweep stopped at a trial's error, which every trial would meet: {outcome.recurring}")
     print(f"\n{outcome.finished} trials finished, {outcome.errored} errored; results store: {paths.store}\n"
           f"best configuration per cell (diagnostic; selecting on the {outcome.metric.replace('_', ' ')} is not "
           "private):", file=out)

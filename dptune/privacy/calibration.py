@@ -39,7 +39,10 @@ def clt_noise_guess(epsilon: float, delta: float, sample_rate: float, steps: int
     """
     from scipy import optimize
 
-    mu = optimize.brentq(lambda m: gdp_delta(epsilon, m) - delta, 1e-6, 500.0)
+    gap = lambda m: gdp_delta(epsilon, m) - delta  # noqa: E731
+    if gap(500.0) < 0:   # an ε so large that μ-GDP needs μ > 500: the least noise there is (the search says so)
+        return SIGMA_MIN
+    mu = optimize.brentq(gap, 1e-6, 500.0)
     ratio = mu**2 / (sample_rate**2 * steps)
     return float(min(max(1.0 / math.sqrt(math.log1p(ratio)), SIGMA_MIN), SIGMA_MAX))
 

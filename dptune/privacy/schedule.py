@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from ..errors import UserError
+
 
 def sample_rate(batch_size: int, dataset_size: int) -> float:
     """q = B/N, the Poisson sampling probability of an expected batch size B out of N examples."""
@@ -27,6 +29,15 @@ def accounted_steps(epochs: float, steps: int) -> list[int]:
     return sorted({t for t in epoch_end_steps(epochs, steps) if t > 0})
 
 
+#: The most steps one run may take: far beyond any real DP run (a million epochs of a 100-example set).
+MAX_STEPS = 10 ** 8
+
+
 def num_steps(epochs: float, dataset_size: int, batch_size: int) -> int:
-    """T = ⌈E·N/B⌉, the optimizer steps of E epochs over N examples at expected batch size B."""
-    return math.ceil(epochs * dataset_size / batch_size)
+    """T = ⌈E·N/B⌉, the optimizer steps of E epochs over N examples at expected batch size B; refused
+    above :data:`MAX_STEPS` (an epochs value of 1e300 is a typo, and no accountant composes it)."""
+    steps = epochs * dataset_size / batch_size
+    if not steps <= MAX_STEPS:
+        raise UserError(f"epochs: {epochs:g} epochs of N = {dataset_size} at B = {batch_size} take {steps:.3g} steps; "
+                        f"at most {MAX_STEPS:,} are allowed")
+    return math.ceil(steps)

@@ -493,6 +493,34 @@ def _cells(space: SearchSpace) -> list[Cell]:
                                                                          a.delta, a.epsilon)]
 
 
+@dataclass(frozen=True)
+class PlanLimits:
+    """The largest plan dptune makes, checked before any σ is calibrated: a spec above one (a typo's
+    10,000-value grid) is refused with the limit's name, instead of calibrating for hours."""
+
+    max_cells: int = 2_000
+    max_calibrations: int = 20_000     # cells × batch-size candidates: each a σ to calibrate (or read cached)
+    max_trials: int = 1_000_000        # cells × the (C, B, η) grid × seeds, before pruning B
+
+
+LIMITS = PlanLimits()
+
+
+def check_size(space: SearchSpace, limits: PlanLimits = LIMITS) -> None:
+    """Refuse a plan above ``limits`` (one line naming the limit; split the spec into several sweeps),
+    from the spec's counts alone: before any cell is built or σ calibrated."""
+    a = space.axes
+    cells = math.prod(len(v) for v in (a.dataset, a.backbone, a.epochs, a.delta, a.epsilon)) * \
+        math.prod(len(values) for _, values in space.trial.searched)
+    grid = len(space.clip_bounds) * len(space.batch_sizes) * len(space.learning_rate.multipliers) * len(space.seeds)
+    for name, value, limit in (("max_cells", cells, limits.max_cells),
+                               ("max_calibrations", cells * len(space.batch_sizes), limits.max_calibrations),
+                               ("max_trials", cells * grid, limits.max_trials)):
+        if value > limit:
+            raise UserError(f"the plan is too large: {value:,} exceeds the limit {name} = {limit:,}; split the spec into "
+                            "several sweeps (fewer axis values, C, B, η or seeds each)")
+
+
 def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, progress: bool = False,
                strict: bool = True, executor: Executor | None = None, draw: bool = False) -> SweepPlan:
     """Calibrate σ for every cell's batch-size candidates and prune them. ``draw`` (a sweep that
@@ -505,6 +533,7 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
     left without a batch size. ``dptune plan`` passes False: declared sizes are used as given.
     """
     space = with_levers(SearchSpace.from_spec(spec), catalog.packable)
+    check_size(space)
     unregistered = [d.name for d in space.axes.dataset if d.name not in catalog.datasets]
     if strict and unregistered:
         raise UserError(f"dataset(s) {', '.join(unregistered)} are not registered; sizes declared under "

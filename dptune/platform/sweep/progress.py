@@ -8,7 +8,7 @@ import time
 from ray import tune
 
 from ...schema import METRICS
-from ..store.records import stopped_early
+from ..store.records import reported, stopped_early
 
 
 class TrialLines(tune.Callback):
@@ -23,7 +23,12 @@ class TrialLines(tune.Callback):
         self._started.setdefault(trial.trial_id, time.monotonic())
 
     def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
-        self._line(trial, "stopped" if stopped_early(trial.last_result) else "finished")
+        if not reported(trial.last_result):   # stopped before it ran (the sweep stopped)
+            return
+        if (trial.last_result or {}).get("error"):   # it reported its error and ended (not retried)
+            self._line(trial, "ERRORED")
+        else:
+            self._line(trial, "stopped" if stopped_early(trial.last_result) else "finished")
 
     def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
         self._line(trial, "ERRORED")
@@ -39,11 +44,14 @@ class TrialLines(tune.Callback):
                          + (f" seed={train['seed']}" if "seed" in train else ""))
         metric = train.get("metric", "test_accuracy")
         value = last.get(metric)
-        if value is not None:
+        if value is not None and value == value:   # a trial that failed before its first epoch has NaN
             parts.append(f"{METRICS[metric].short if metric in METRICS else metric} {value:.4f}")
         if "epsilon_spent" in last:
             parts.append(f"ε {last['epsilon_spent']:.3g}")
         started = self._started.pop(trial.trial_id, None)
         if started is not None:
             parts.append(f"({time.monotonic() - started:.1f} s)")
-        print("  ".join(parts), file=sys.stdout, flush=True)
+        line = "  ".join(parts)
+        if last.get("error"):
+            line += f": {last['error']}"
+        print(line, file=sys.stdout, flush=True)

@@ -104,8 +104,8 @@ class SweepSearcher(Searcher):
         if entries is None:
             return
         for k, (cell, pid, config) in enumerate(entries):
-            if len(entries) == 1:
-                member_id, last, failed = trial_id, result, error
+            if len(entries) == 1:   # an error it reported (a divergence, its input's) ended it too
+                member_id, last, failed = trial_id, result, error or bool((result or {}).get("error"))
             else:   # a pack: each member's own result (an ended member's stands even if the pack failed)
                 member_id, last = member_trial_id(trial_id, k), member_result(result, k)
                 failed = bool(last.get("error")) or (error and last.get("member_status") != "ended")

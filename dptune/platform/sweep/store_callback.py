@@ -18,7 +18,7 @@ from ..faults import fault_point
 from .kept import KEPT, config_id
 from ..store.layout import ExperimentPaths
 from .packs import ending, history_of, members
-from ..store.records import epoch_rows, gradnorm_rows, trial_row
+from ..store.records import epoch_rows, gradnorm_rows, reported, trial_row
 from .searcher import reconcile_restored
 from ..store.results_store import ResultsStore, StoreWriteError, first_line, retrying
 from .trial_config import resolved
@@ -58,6 +58,8 @@ class StoreCallback(tune.Callback):
             self._record_missing(trials)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
+        if not reported(trial.last_result):   # stopped before it ran: `dptune resume` runs it
+            return
         for member in members(trial):
             self._record(member, *ending(member))
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from ...schema import non_private
-from ...search_spaces.spec import SpecError, mapping, register_section
+from ...search_spaces.spec import SpecError, mapping, register_section, spec_path
 from ..store.layout import is_uri
 
 if TYPE_CHECKING:
@@ -51,6 +51,14 @@ def _file_store(uri: str | None) -> bool:
     if uri is None or uri.startswith("databricks"):
         return False
     return urlparse(uri).scheme in ("", "file")   # as MLflow reads a tracking URI
+
+
+def _local_uri(uri: str) -> str:
+    """An MLflow tracking URI whose local file (an SQLite database, a file store) is read against the
+    folder dptune runs in, as a spec's paths are."""
+    if uri.startswith("sqlite:///"):   # sqlite:///relative.db, or sqlite:////absolute.db
+        return "sqlite:///" + spec_path(uri[len("sqlite:///"):])
+    return spec_path(uri) if _file_store(uri) and ":" not in uri else uri   # a plain path: a file store
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,11 @@ def parse_tracking(value: Any, catalog: object) -> Tracking:
             for key, v in options.items():
                 if not isinstance(v, str) or not v:
                     raise SpecError(f"tracking.{name}.{key}: must be a non-empty string; got {v!r}")
+        if name == "mlflow" and "tracking_uri" in options:
+            options["tracking_uri"] = _local_uri(options["tracking_uri"])
         if name == "wandb":
+            if "dir" in options:
+                options["dir"] = spec_path(options["dir"])
             if "project" not in options:
                 raise SpecError("tracking.wandb.project: required (the W&B project the runs go to)")
             if options.setdefault("mode", "offline") not in WANDB_MODES:

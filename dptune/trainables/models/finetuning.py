@@ -75,6 +75,12 @@ def apply_peft(model: nn.Module, method: str, *, head: Sequence[str], lora: Lora
         lora = lora or LoraSettings()
         if not lora.target_modules:
             raise UserError(f"LoRA needs target modules for {type(model).__name__}; set lora_targets")
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        absent = [t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}")
+                                                            for n, _ in model.named_modules())]
+        if absent:
+            raise UserError(f"lora_targets: {', '.join(absent)} not found in {type(model).__name__}; its linear "
+                            f"layers: {', '.join(linear)}")
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                             target_modules=list(lora.target_modules), bias="none", fan_in_fan_out=lora.fan_in_fan_out)
         with warnings.catch_warnings():  # peft calls a transformers method deprecated in v5
