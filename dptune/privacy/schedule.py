@@ -36,8 +36,7 @@ MAX_STEPS = 10 ** 8
 def num_steps(epochs: float, dataset_size: int, batch_size: int) -> int:
     """T = ⌈E·N/B⌉, the optimizer steps of E epochs over N examples at expected batch size B; refused
     above :data:`MAX_STEPS` (an epochs value of 1e300 is a typo, and no accountant composes it)."""
-    steps = epochs * dataset_size / batch_size
-    if not steps <= MAX_STEPS:
-        raise UserError(f"epochs: {epochs:g} epochs of N = {dataset_size} at B = {batch_size} take {steps:.3g} steps; "
-                        f"at most {MAX_STEPS:,} are allowed")
-    return math.ceil(steps)
+    if not epochs * dataset_size / batch_size <= MAX_STEPS:
+        raise UserError(f"epochs: {epochs:g} epochs of N = {dataset_size} at B = {batch_size} take "
+                        f"{epochs * dataset_size / batch_size:.3g} steps; at most {MAX_STEPS:,} are allowed")
+    return math.ceil(epochs * dataset_size / batch_size)

@@ -17,6 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import yaml
@@ -142,7 +143,7 @@ def spec_path(value: Any, *, hub_id: bool = False) -> Any:
     trial (whose working folder is Ray's) and a resumed sweep read the same file as ``dptune plan``
     did. URIs stay as they are; so does, where a hub id may stand (``hub_id``), a value that is neither
     written as a path (./, ../, ~, /) nor an existing file or folder."""
-    if not isinstance(value, str) or not value or "://" in value:
+    if not isinstance(value, str) or not value or len(urlparse(value).scheme) > 1:   # a URI (not C:\\)
         return value
     expanded = os.path.expanduser(value)
     if os.path.isabs(expanded):

@@ -22,10 +22,14 @@ def stopped_early(last: dict | None) -> bool:
     return step is not None and steps is not None and int(step) < int(steps)
 
 
+#: What Ray Tune fills in for a trial before its first report (where and when it runs): not a result.
+RUN_METADATA = frozenset(("trial_id", "date", "timestamp", "pid", "hostname", "node_ip", "config", "experiment_tag"))
+
+
 def reported(last: dict | None) -> bool:
     """Whether a trial reported at least once: one the sweep stopped before its first report (an
     error of the input stopped the sweep meanwhile) ran nothing, and gets no row."""
-    return "training_iteration" in (last or {})
+    return bool(set(last or {}) - RUN_METADATA)
 
 
 def selected_on(metrics: dict, metric: str) -> dict:

@@ -20,12 +20,12 @@ def create_model(name: str, *, num_classes: int, input_shape: tuple[int, ...], t
                  **overrides: object) -> nn.Module:
     """Build a registered model (or ``family:name``) for ``task`` (a generation task builds a causal
     LM: ``hf:<name>`` is then ``AutoModelForCausalLM``); unknown names raise ValueError listing the
-    registered ones, unknown options one listing the options the model takes. Its floating-point
-    weights are float32 (master weights; mixed precision is ``precision``'s autocast)."""
+    registered ones, unknown options one listing the options the model takes. Its weights are never
+    half precision: float32 master weights (mixed precision is ``precision``'s autocast)."""
     builder = (CAUSAL_LMS if task == "generation" else MODELS).get(name)
     check_options("model", name, builder, overrides, implicit=("num_classes", "input_shape"))
     model = builder(num_classes=num_classes, input_shape=tuple(input_shape), **overrides)
-    if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
+    if any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters()):
         model = model.float()   # float32 master weights (``precision`` autocasts the forward only)
     return model
 
