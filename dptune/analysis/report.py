@@ -94,6 +94,9 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
     paths = ExperimentPaths.find(store.root)
     plan = paths.saved_plan() or {}
     result.audits = paths.saved_audits()
+    brackets = paths.saved_bracketing()
+    if brackets and "cell" in result.optima:
+        result.optima["bracketing"] = [bracketing_text(brackets.get(key)) for key in result.optima["cell"]]
     pruning = plan.get("pruning", {})
     if pruning:
         result.rules = "the sweep's own pruning rules (from its saved plan)"
@@ -194,10 +197,30 @@ def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = (), metric:
                      f"{int(r['indistinguishable'])} setting(s) not distinguishable from it, C in "
                      f"[{fmt(r['clip_bound_min'])}, {fmt(r['clip_bound_max'])}], B in "
                      f"[{fmt(r['batch_size_min'])}, {fmt(r['batch_size_max'])}]")
-        if r.get("grid_edge"):
+        bracketing = r.get("bracketing") if isinstance(r.get("bracketing"), str) else ""
+        if r.get("grid_edge") and bracketing.startswith("stopped"):
+            line += f"; on the edge of the values searched ({r['grid_edge']}): bracketing {bracketing}"
+        elif r.get("grid_edge"):
             line += f"; on the edge of the grid searched ({r['grid_edge']}): the optimum may lie beyond it"
+        elif bracketing:
+            line += f"; {bracketing}"
         lines.append(line)
     return lines + list(comparisons)
+
+
+def bracketing_text(record: dict | None) -> str:
+    """A cell's bracketing as the closing lines, optima.csv and the report say it: "bracketed" (with
+    the trials it added), "stopped …" naming the rule per axis, or "" where the sweep kept none."""
+    if not record:
+        return ""
+    added = int(record.get("added", 0)) * int(record.get("seeds", 1))
+    extra = f" (+{added} trial{'s' if added != 1 else ''} beyond the grid)" if added else ""
+    outcome = str(record.get("outcome", ""))
+    if outcome == "bracketed":
+        return "bracketed" + extra
+    if outcome.startswith("stopped"):
+        return outcome + extra
+    return "bracketing unfinished" + extra
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -392,7 +415,8 @@ def _optima_section(a: Analysis) -> str:
                "T": _cell_text(r.get("steps")),
                "σ√T": _cell_text(r.get("noise_sqrt_steps")) if r["private"] else "0",
                shown("clipped", "clipped_fraction"): _acc(r.get("clipped_fraction")) if r["private"] else "—",
-               "non-private": _acc(baseline), "on the grid's edge": r.get("grid_edge") or "—"}
+               "non-private": _acc(baseline), "on the grid's edge": r.get("grid_edge") or "—",
+               "bracketing": r.get("bracketing") if isinstance(r.get("bracketing"), str) and r.get("bracketing") else "—"}
         if a.fixed_cost is not None:
             fixed = a.fixed_cost[a.fixed_cost["cell_name"] == r["cell_name"]]
             row["at fixed (C, B)"] = _acc(fixed["fixed_accuracy"].iloc[0]) if len(fixed) else "—"
@@ -405,7 +429,7 @@ def _optima_section(a: Analysis) -> str:
              f"of that setting. Non-private: the {html.escape(a.sweep.metric_name)} of the same cell without DP. Error bars (several seeds): "
              f"the t-interval of the best setting's mean, and the settings a one-sided paired t-test over seeds "
              f"(α = {ALPHA:g}) cannot tell from the best, with their range of C (outlined on the heatmaps).</p>",
-             _table(pd.DataFrame(rows), wrap=("on the grid's edge",))]
+             _table(pd.DataFrame(rows), wrap=("on the grid's edge", "bracketing"))]
     if a.comparisons:
         parts.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in a.comparisons) + "</ul>")
     if a.fixed_cost is not None:

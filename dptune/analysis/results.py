@@ -26,6 +26,7 @@ from ..errors import UserError
 from ..platform.store.results_store import ResultsStore
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
 from ..schema import FIELDS, HYPERPARAMETERS, METRICS, Metric, names, shown
+from ..search_spaces.bracketing import AXES, edges
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
 #: Training options that split cells when they vary within a store (NULL means the default): the
@@ -69,6 +70,9 @@ class Sweep:
 
     trials: pd.DataFrame
     cell_columns: tuple[str, ...]
+    #: proxy runs (``search.proxy``) with the full-scale B they stand for: where C and η were searched
+    #: in a proxied cell, so the edge check reads them (``cell`` names their cell, as their trials')
+    proxies: pd.DataFrame | None = None
 
     @classmethod
     def from_store(cls, store: ResultsStore) -> "Sweep":
@@ -80,7 +84,11 @@ class Sweep:
         """Normalise a ``trials`` frame: ε = ∞ for non-private rows, defaults for NULL options,
         and a ``cell_name`` column naming each trial's cell. Proxy runs (``search.proxy``) are left out:
         they only rank, at their own B, σ and epochs, and would read as cells of their own."""
-        t = (trials[trials["proxy_divisor"].isna()] if "proxy_divisor" in trials else trials).copy()
+        proxied = trials["proxy_divisor"].notna() if "proxy_divisor" in trials else pd.Series(False, index=trials.index)
+        proxies = trials[proxied]
+        if len(proxies):
+            proxies = proxies.assign(batch_size=proxies["full_batch_size"])
+        t = trials[~proxied].copy()
         for column in CELL_AXES + OPTION_COLUMNS + HYPERPARAMETERS + ("accuracy", "status", "private"):
             if column not in t:
                 t[column] = None
@@ -107,7 +115,7 @@ class Sweep:
         cell_columns = CELL_AXES + tuple(varying)
         t["cell_name"] = [_cell_name(dict(zip(cell_columns, row)))
                           for row in t[list(cell_columns)].itertuples(index=False)]
-        return cls(t.reset_index(drop=True), cell_columns)
+        return cls(t.reset_index(drop=True), cell_columns, proxies.reset_index(drop=True))
 
     @property
     def metric_label(self) -> str:
@@ -206,32 +214,40 @@ class Sweep:
         if per_setting.empty:
             return per_setting.assign(private=pd.Series(dtype=bool))
         best = per_setting.loc[per_setting.groupby("cell_name")["score"].idxmax()]
-        best = best.assign(grid_edge=[self.grid_edge(r) for _, r in best.iterrows()])
+        best = best.assign(grid_edge=[self.grid_edge(r) for _, r in best.iterrows()],
+                           cell=[self.cell_key(name) for name in best["cell_name"]])
         cells = self.cells()
         return cells.merge(best, on="cell_name", how="left")
 
+    def cell_key(self, cell_name: str) -> str | None:
+        """The plan's key of a cell (its trials' ``cell``), for what the sweep kept per cell."""
+        keys = self.trials.loc[self.trials["cell_name"] == cell_name, "cell"].dropna() if "cell" in self.trials \
+            else pd.Series(dtype=object)
+        return str(keys.iloc[0]) if len(keys) else None
+
+    def tried(self, cell_name: str) -> pd.DataFrame:
+        """Every (C, B, η) a cell tried: its trials, errored and stopped ones too (a larger η that
+        diverged brackets the optimum; one stopped at a rung lost there), and its proxy runs."""
+        cell = self.trials[self.trials["cell_name"] == cell_name]
+        if self.proxies is None or self.proxies.empty or "cell" not in cell:
+            return cell
+        return pd.concat([cell, self.proxies[self.proxies["cell"].isin(set(cell["cell"].dropna()))]])
+
     def grid_edge(self, optimum: pd.Series) -> str:
         """Which of an optimum's C, B, η is the smallest or largest value its cell tried ("" if
-        none): η among those tried at its (C, B), C among those at its B, B among the cell's. Every
-        trial counts, errored ones too (a larger η that diverged brackets the optimum). An optimum
-        on the edge of what was searched may lie beyond it: the grid, not the problem, chose it."""
-        cell = self.trials[self.trials["cell_name"] == optimum["cell_name"]]
-        at_b = cell[np.isclose(cell["batch_size"], optimum["batch_size"])]
-        slices = [("B", cell, "batch_size")]
-        if not pd.isna(optimum["clip_bound"]):
-            slices.append(("C", at_b, "clip_bound"))
-            at_b = at_b[np.isclose(at_b["clip_bound"], optimum["clip_bound"])]
-        slices.append(("η", at_b, "learning_rate"))
-        edges = []
-        for label, tried, column in slices:
-            values = np.unique(tried[column].dropna().to_numpy(dtype=float))
-            if len(values) < 2:
-                continue
-            if np.isclose(optimum[column], values[-1]):
-                edges.append(f"{label} the largest of {len(values)} tried")
-            elif np.isclose(optimum[column], values[0]):
-                edges.append(f"{label} the smallest of {len(values)} tried")
-        return "; ".join(edges)
+        none), by the rule bracketing uses (:func:`dptune.search_spaces.bracketing.edges`): η among
+        those tried at its (C, B), C among those at its B, B among the cell's (:meth:`tried`). An
+        optimum on the edge of what was searched may lie beyond it: the grid, not the problem, chose it."""
+        tried = self.tried(optimum["cell_name"])[["clip_bound", "batch_size", "learning_rate"]]
+        rows = [tuple(float(v) for v in r) for r in tried.itertuples(index=False) if not pd.isna(r[1])]
+        point = (None if pd.isna(optimum["clip_bound"]) else float(optimum["clip_bound"]),
+                 float(optimum["batch_size"]), float(optimum["learning_rate"]))
+        fixed = {1: (), 0: (1,), 2: (1,) if point[0] is None else (1, 0)}   # the slice each axis is read in
+        out = []
+        for axis, side in sorted(edges(rows, point), key=lambda e: (e[0] != 1, e[0])):   # B, C, η
+            values = {r[axis] for r in rows if all(math.isclose(r[a], point[a]) for a in fixed[axis])}
+            out.append(f"{AXES[axis]} the {'largest' if side > 0 else 'smallest'} of {len(values)} tried")
+        return "; ".join(out)
 
     def fixed_setting_cost(self, clip_bound: float | None = None,
                            batch_size: float | None = None) -> tuple[tuple[float, float], pd.DataFrame]:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Collection
 
 from ..privacy.schedule import epoch_end_steps
+from .bracketing import DEFAULT_MAX_EXTENSIONS
 from .search_sections import Scheduler, Search
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ DEFAULT_PROXY_DIVISOR = "auto"
 DEFAULT_TRANSFER_RADIUS = 1
 #: The spec's names of the levers (keys of ``search``) and how the plan calls them.
 LEVERS = {"scheduler": "multi-fidelity", "proxy": "proxy runs", "transfer": "transfer across ε",
-          "pack": "packed trials"}
+          "pack": "packed trials", "bracket": "bracketing"}
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,22 @@ def resolve_levers(space: "SearchSpace", packable: Collection[str] = ()) -> tupl
     pack, why = _pack_lever(space, packable)
     levers.append(Lever("pack", pack, why))
 
+    if "bracket" in search.named:
+        bracket = search.bracket_extensions
+        levers.append(Lever("bracket", bracket is not None, f"named in the spec (at most {bracket} extensions per axis "
+                                                            "and cell)" if bracket is not None else "named off in the spec"))
+    elif private:
+        bracket = None
+        levers.append(Lever("bracket", False, "private selection: its K trials are drawn in advance, and bracketing "
+                                              "adds trials from the results"))
+    else:
+        bracket = DEFAULT_MAX_EXTENSIONS
+        levers.append(Lever("bracket", True, f"on by default: an optimum on an edge of the C, B or η values its cell "
+                                             f"searched gets the next values beyond it (at most {bracket} extensions "
+                                             "per axis and cell); `search: {bracket: off}` turns it off"))
+
     resolved = dataclasses.replace(search, scheduler=scheduler, proxy_divisor=divisor, transfer_radius=radius,
-                                   transfer_lr_scaling=scaling, pack=pack)
+                                   transfer_lr_scaling=scaling, pack=pack, bracket_extensions=bracket)
     return resolved, tuple(levers)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .bracketing import AXES, MIN_BATCH_SIZE
 from .planner import CellPlan, SweepPlan
 from .proxy import MAX_AUTO_DIVISOR, MIN_AUTO_PROXY_BATCH, MIN_PROXY_SIGMA
 
@@ -88,6 +89,9 @@ def _lever_lines(plan: CellPlan, source: CellPlan | None) -> list[str]:
                              f"1/{scheduler.reduction_factor:g} ({h_examples / max(examples, 1):.0%} of the examples)")
             else:
                 lines.append(f"  multi-fidelity: decisions at B={', '.join(map(str, stoppable))}{first}")
+    bracket = plan.space.search.bracket_extensions
+    if bracket is not None and not plan.private:
+        lines.append(f"  bracketing: {_bracket_text(plan, bracket)}")
     if source is not None:
         radius = plan.space.search.transfer_radius
         dims = (len(plan.clip_bounds), len(plan.searched_batch_sizes), len(plan.space.learning_rate.multipliers))
@@ -97,6 +101,29 @@ def _lever_lines(plan: CellPlan, source: CellPlan | None) -> list[str]:
         lines.append(f"  transfer: searched after ε={source.cell.epsilon:g}, within {radius} grid step(s) of its best: "
                      f"≤ {min(most, len(plan.grid))} of {len(plan.grid)} configurations")
     return lines
+
+
+def _bracket_text(plan: CellPlan, extensions: int) -> str:
+    """What bracketing may add in a cell: per searched axis the next values beyond each end (in the
+    grid's spacing; B within [16, N/2]) and the most configurations and trials it can add."""
+    grids = (plan.clip_bounds, plan.searched_batch_sizes, plan.space.learning_rate.multipliers)
+    parts, most = [], 0
+    for axis, (name, grid, per) in enumerate(zip(AXES, grids, (3, 3, 1))):
+        if len(grid) < 2:
+            continue
+        position = [0, 0, 0]
+        low = plan.values(tuple(-1 if a == axis else 0 for a in range(3)))[axis]
+        position[axis] = len(grid)
+        high = plan.values(tuple(position))[axis]
+        label = "η×" if axis == 2 else f"{name}="
+        parts.append(f"{name}: {label}{low:.3g} below, {label}{high:.3g} above")
+        most += per * extensions
+    if not parts:
+        return "nothing to bracket (every axis has one value)"
+    seeds = len(plan.space.seeds)
+    return (f"an optimum on an edge gets the next values beyond it, ≤ {extensions} extension(s) per axis ("
+            + "; ".join(parts) + f"; B within [{MIN_BATCH_SIZE}, {plan.dataset_size // 2}]): ≤ {most} configurations, "
+            f"≤ {most * seeds} trials added")
 
 
 def _divisor_text(divisor: int | str) -> str:

@@ -27,8 +27,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UserError, NotFound
+from ..privacy import calibrate_noise
 from ..schema import METRICS, PLAN_FIGURES
 from .batches import COLUMNS, Row, batch_rows, candidate_rows, rows_frame, spread
+from .bracketing import extended, extended_batch_size
 from .levers import decision_steps, halving_steps, with_levers
 from .noise_table import NoiseRequest, calibrate_many
 from .proxy import MIN_PROXY_SIGMA, ProxyRun, auto_divisor, proxy_run
@@ -173,9 +175,16 @@ class CellPlan:
 
     def values(self, indices: tuple[int, int, int]) -> tuple[float, int, float]:
         """(C, B, η multiplier) at ``indices`` into this cell's candidates (its C grid, searched B and
-        η multipliers): the one conversion of a configuration's position to its values."""
+        η multipliers), and beyond them in each grid's own spacing (positions below 0 or past the end:
+        values bracketing added, :mod:`.bracketing`): the one conversion of a configuration's position
+        to its values. Refused for a position beyond a grid of one value (it has no spacing)."""
         ci, bi, mi = indices
-        return self.clip_bounds[ci], self.searched_batch_sizes[bi], self.space.learning_rate.multipliers[mi]
+        values = (extended(self.clip_bounds, ci),
+                  extended_batch_size(self.searched_batch_sizes, bi, self.dataset_size),
+                  extended(self.space.learning_rate.multipliers, mi))
+        if None in values:
+            raise UserError(f"cell {self.cell.key}: no value at {indices} beyond a grid of one value")
+        return values
 
     def indices(self, clip_bound: float, batch_size: int, lr_multiplier: float) -> tuple[int, int, int]:
         """The positions of (C, B, η multiplier) in this cell's candidates (:meth:`values` reversed)."""
@@ -183,7 +192,33 @@ class CellPlan:
                 self.space.learning_rate.multipliers.index(lr_multiplier))
 
     def row(self, batch_size: int) -> Row:
-        return next(row for row in self.rows if row["batch_size"] == batch_size)
+        """The plan's row of ``batch_size``: a candidate's, or for a B that bracketing added, its own
+        (:meth:`added_row`)."""
+        found = next((row for row in self.rows if row["batch_size"] == batch_size), None)
+        return found if found is not None else self.added_row(batch_size)
+
+    def added_row(self, batch_size: int) -> Row:
+        """The row of a B beyond the searched ones (bracketing): its q and T, σ calibrated now (cached on
+        disk like the plan's), and the planner's rules applied against the cell's kept candidates
+        (``reason``: ``min_steps`` or ``off_plateau`` when they would have dropped it)."""
+        added = self.__dict__.setdefault("_added_rows", {})   # a frozen plan's cache, pickled with it
+        if batch_size not in added:
+            kept = [r for r in self.rows if r["kept"]]
+            known = {(r["sample_rate"], r["steps"]): float(r["noise_multiplier"]) for r in kept}
+            options, c = self.trial, self.cell
+
+            def sigma(q: float, steps: int) -> float:
+                if not c.private:
+                    return 0.0
+                return known.get((q, steps)) or calibrate_noise(c.epsilon, c.delta, q, steps,
+                                                                norm_estimator=options.norm_estimator,
+                                                                sketch_k=options.sketch_k)
+
+            pruning = self.space.pruning
+            rows = batch_rows(self.dataset_size, c.epochs, sorted({*(int(r["batch_size"]) for r in kept), batch_size}),
+                              sigma, min_steps=pruning.min_steps, plateau_tol=pruning.plateau_tol)
+            added[batch_size] = {**next(r for r in rows if r["batch_size"] == batch_size), "searched": True}
+        return added[batch_size]
 
     def learning_rate(self, batch_size: int, multiplier: float) -> float:
         return self.space.learning_rate.at(batch_size, multiplier)
@@ -191,10 +226,7 @@ class CellPlan:
     def trial_config(self, clip_bound: float, batch_size: int, lr_multiplier: float, seed: int) -> dict:
         """The flat trial config of one trial (only searched B are allowed): training options and
         the plan's figures (:data:`PLAN_FIELDS`), σ once."""
-        if batch_size not in self.searched_batch_sizes:
-            raise UserError(f"batch_size {batch_size} is not searched in cell {self.cell.key}; "
-                             f"searched: {', '.join(map(str, self.searched_batch_sizes))}")
-        row = self.row(batch_size)
+        row = self.row(batch_size)   # a searched B, or one bracketing added
         c = self.cell
         sigma = float(row["noise_multiplier"])
         train = {"dataset": c.dataset.name, "model": c.backbone.name, "epsilon": c.epsilon, "delta": c.delta,

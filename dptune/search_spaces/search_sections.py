@@ -34,6 +34,7 @@ from ..privacy.validation import check_estimator
 from ..schema import FIELDS, names
 from ..schema.metrics import TASK_METRICS
 from .batches import MIN_STEPS, PLATEAU_TOL
+from .bracketing import DEFAULT_MAX_EXTENSIONS
 from .proxy import MIN_PROXY_SIGMA
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
                    register_section, spec_path)
@@ -169,9 +170,12 @@ class Search:
     #: one batched model (:mod:`dptune.platform.sweep.packs`); N: at most N members per pack (None: the default)
     pack: bool = False
     pack_members: int | None = None
-    #: the levers (scheduler, proxy, transfer, pack) the spec named; the others are decided by
+    #: bracketing (``bracket: on | off | {max_extensions: N}``, :mod:`.bracketing`): an optimum on an edge of
+    #: the values its cell searched gets the next values beyond it, at most N times per axis; None: off
+    bracket_extensions: int | None = None
+    #: the levers (scheduler, proxy, transfer, pack, bracket) the spec named; the others are decided by
     #: :func:`~.levers.resolve_levers` (on by default where they are safe)
-    named: frozenset = frozenset(("scheduler", "proxy", "transfer", "pack"))
+    named: frozenset = frozenset(("scheduler", "proxy", "transfer", "pack", "bracket"))
 
 
 @dataclass(frozen=True)
@@ -464,10 +468,10 @@ def parse_scheduler(value: Any) -> Scheduler:
 
 
 @register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler, proxy, "
-                                                 "transfer, pack")
+                                                 "transfer, pack, bracket")
 def parse_search(value: Any, catalog: Catalog) -> Search:
     raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler", "proxy",
-                                    "transfer", "pack"))
+                                    "transfer", "pack", "bracket"))
     algorithm = choice(raw.get("algorithm", "grid"), "search.algorithm", ALGORITHMS)
     budget = raw.get("budget")
     if algorithm == "grid":
@@ -492,7 +496,8 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
                   integer(raw.get("seed", 0), "search.seed", ge=0),
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
                   parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling,
-                  *parse_pack(raw.get("pack")), frozenset(k for k in ("scheduler", "proxy", "transfer", "pack") if k in raw))
+                  *parse_pack(raw.get("pack")), parse_bracket(raw.get("bracket")),
+                  frozenset(k for k in ("scheduler", "proxy", "transfer", "pack", "bracket") if k in raw))
 
 
 TRANSFER_LR_SCALINGS = ("none", "linear")
@@ -523,6 +528,17 @@ def parse_proxy(value: Any) -> int | str:
     if isinstance(value, str):
         raise SpecError(f"search.proxy.batch_divisor: must be a whole number >= 1 or auto; got {value!r}")
     return integer(value, "search.proxy.batch_divisor", ge=1)
+
+
+def parse_bracket(value: Any) -> int | None:
+    """``search.bracket: on | off | {max_extensions: N}`` (``true``/``false`` too): at most how many
+    extensions per axis and cell (``on``: :data:`~.bracketing.DEFAULT_MAX_EXTENSIONS`), or None: off."""
+    if value is True or value == "on":
+        return DEFAULT_MAX_EXTENSIONS
+    if value is None or value is False or value in OFF:
+        return None
+    raw = mapping(value, "search.bracket", ("max_extensions",))
+    return integer(raw.get("max_extensions", DEFAULT_MAX_EXTENSIONS), "search.bracket.max_extensions", ge=1)
 
 
 def parse_pack(value: Any) -> tuple[bool, int | None]:
@@ -654,6 +670,15 @@ def check_scheduler(spec: Spec, catalog: Catalog) -> None:
     if scheduler.name != "none" and scheduler.grace_steps is None and scheduler.grace_epochs >= shortest:
         raise SpecError(f"search.scheduler.grace_epochs: must be < the smallest axes.epochs ({shortest:g}) for "
                         f"{scheduler.name} to stop anything; got {scheduler.grace_epochs}")
+
+
+@register_check
+def check_bracket(spec: Spec, catalog: Catalog) -> None:
+    """Bracketing adds trials where the results say the optimum may lie: private selection's guarantee
+    assumes K trials drawn in advance, independently of the data."""
+    if spec["search"].bracket_extensions is not None and getattr(spec["selection"], "private", False):
+        raise SpecError("search.bracket: bracketing adds trials from the results so far, and selection.mode private "
+                        "runs K trials drawn in advance (its guarantee's assumption); remove search.bracket")
 
 
 @register_check

@@ -67,7 +67,7 @@ def _pairs_spec(pairs: str, tok: str, **backbone) -> dict:
             "clip_bound": [0.1, 10], "batch_size": [24], "seeds": [0],
             "learning_rate": {"reference": 0.05, "reference_batch_size": 24, "multipliers": [0.5, 1]},
             "pruning": {"min_steps": 1},
-            "search": {"scheduler": "none", "proxy": "off", "transfer": "off", "pack": "off"},
+            "search": {"scheduler": "none", "proxy": "off", "transfer": "off", "pack": "off", "bracket": "off"},
             "trial": {"optimizer": "adam", "generation_examples": 0}}
 
 

@@ -26,7 +26,8 @@ def spec(divisor=2, **overrides) -> dict:
     return {"axes": {"epsilon": [0.25, 1], "delta": 1e-5, "backbone": ["mlp"], "dataset": ["toy"], "epochs": [2]},
             "clip_bound": [0.1, 1], "batch_size": [20, 40],
             "learning_rate": {"reference": 1.0, "reference_batch_size": 20, "multipliers": [0.5, 1]},
-            "pruning": {"min_steps": 5, "plateau_tol": 10.0}, "search": {"algorithm": "grid", "proxy": {"batch_divisor": divisor}},
+            "pruning": {"min_steps": 5, "plateau_tol": 10.0},
+            "search": {"algorithm": "grid", "proxy": {"batch_divisor": divisor}, "bracket": "off"},
             **overrides}
 
 
@@ -194,7 +195,8 @@ def test_auto_divisor_is_per_batch_size_the_largest_power_of_two_in_the_measured
 def test_transfer_starts_while_its_source_trains_its_answer(catalog):
     """With proxies, the next ε cell needs its source's search results, not its full-scale answer
     run: with ε = 1's answer run handed out and never ending, ε = 0.25 is still searched."""
-    plan = plan_sweep(load_spec(spec(search={"algorithm": "grid", "proxy": {"batch_divisor": 2}, "transfer": True}),
+    plan = plan_sweep(load_spec(spec(search={"algorithm": "grid", "proxy": {"batch_divisor": 2}, "transfer": True,
+                                             "bracket": "off"}),
                                 catalog), catalog, workers=1)
     searcher = SweepSearcher(plan, metric="test_accuracy", clip_equivalence=False)
     handed = []

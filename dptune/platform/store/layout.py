@@ -33,8 +33,17 @@ DEFAULT_STORAGE = "./dptune-results"
 DEFAULT_EXPERIMENT = "default"
 #: Folder and file names inside an experiment root.
 STORE, ANALYSIS, SETTINGS_FILE, PLAN_FILE = "store", "analysis", "dptune_settings.json", "dptune_plan.json"
+#: What the sweep's driver keeps as it runs, in a folder of its own: Ray Tune copies the experiment
+#: root's .json and .pkl files to its staging folder when it restores an experiment and uploads them
+#: back at every snapshot, so a file there written after a resume would be put back as it was before.
+STATE = "dptune-state"
 #: The running trials of a live sweep (``live_status.LiveStatus`` writes it, ``dptune status`` reads it).
-LIVE_FILE = "dptune_running.json"
+LIVE_FILE = f"{STATE}/running.json"
+#: Each cell's bracketing: what it added and whether its optimum ended inside (``sweep.bracket.Bracket``).
+BRACKETING_FILE = f"{STATE}/bracketing.json"
+#: The trials recorded as clip-equivalent, not trained (``sweep.equivalence.EquivalenceLog``); earlier
+#: versions kept it at the root (read too).
+EQUIVALENT_FILE, OLD_EQUIVALENT_FILE = f"{STATE}/equivalent.json", "dptune-equivalent.json"
 AUDITS = "audits"
 #: Ray Train's runs of multi-worker trials (their checkpoints between worker restarts).
 WORKER_RUNS = "workers"
@@ -130,6 +139,27 @@ class ExperimentPaths:
     def live(self) -> str:
         """The running trials of the sweep, while it runs (``live_status``)."""
         return _join(self.root, LIVE_FILE)
+
+    @property
+    def bracketing(self) -> str:
+        """Each cell's bracketing (the searcher writes it as it goes; the closing lines and report read it)."""
+        return _join(self.root, BRACKETING_FILE)
+
+    def state_file(self, name: str) -> tuple[pafs.FileSystem, str]:
+        """(filesystem, path) of a file of the driver's state (``name``: one of the ``*_FILE`` above), its
+        folder created."""
+        fs, path = filesystem(_join(self.root, name))
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        return fs, path
+
+    def save_bracketing(self, cells: dict) -> None:
+        """Keep each cell's bracketing record (cell key → record)."""
+        write_json(*self.state_file(BRACKETING_FILE), cells, indent=1)
+
+    def saved_bracketing(self) -> dict:
+        """Each cell's bracketing record, by cell key (none: empty; a damaged file is refused in one line)."""
+        fs, path = filesystem(self.bracketing)
+        return read_json(fs, path, "the bracketing record") or {}
 
     def saved_plan(self) -> dict | None:
         """The plan :func:`dptune.platform.sweep.driver.run_sweep` saved, or None (a store without one);

@@ -33,10 +33,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
+from .bracket import Bracket, Indices
+
 if TYPE_CHECKING:
     from ...search_spaces.planner import CellPlan
 
-Indices = tuple[int, int, int]
 #: What ``ask`` returns when it has nothing to hand out until a running configuration ends.
 WAIT = "wait"
 #: Repeated proposals in a row after which a cell's TPE search counts as converged.
@@ -234,10 +235,17 @@ class _Running:
 
 class CellSearch:
     """One cell's search: ``strategy`` proposes configurations, each runs once per seed of ``seeds``
-    (private draws: once, with their own seed), and the strategy is told the mean over seeds."""
+    (private draws: once, with their own seed), and the strategy is told the mean over seeds. With
+    ``bracket`` (:class:`~.bracket.Bracket`), once the search's results are all in, the configurations
+    beyond an edge its optimum lies on follow, round after round, until it is bracketed."""
 
-    def __init__(self, cell: "CellPlan", strategy: object, seeds: Sequence[int], *, mode: str = "max") -> None:
+    def __init__(self, cell: "CellPlan", strategy: object, seeds: Sequence[int], *, mode: str = "max",
+                 bracket: Bracket | None = None) -> None:
         self.cell, self.strategy, self.seeds, self.mode = cell, strategy, tuple(seeds), mode
+        self.bracket = bracket
+        self.extra: deque = deque()     # bracketing's configurations still to hand out
+        self.extended: set = set()      # bracketing's configurations (the strategy never proposed them)
+        self.fully_clipped: set = set()   # configurations that clipped every example at every step, every seed
         self.finished: dict[Indices, Optional[float]] = {}   # configuration → mean metric (None: failed)
         self.running: dict[str, _Running] = {}               # proposal id → its seeds' results so far
         self.handed_out = 0                                  # configurations handed out (or recorded equivalent)
@@ -255,15 +263,23 @@ class CellSearch:
         return self.handed_out >= self.cell.num_configurations
 
     @property
+    def bracketed(self) -> bool:
+        """Bracketing has nothing more to add (or is off)."""
+        return self.bracket is None or (self.bracket.settled and not self.extra)
+
+    @property
     def done(self) -> bool:
         waiting = self.ready or any(r.deferred for r in self.running.values())   # seeds behind a running lead
-        return self.searched and not waiting and (not self.proxied or self.final == "done")
+        return self.searched and not waiting and self.bracketed and (not self.proxied or self.final == "done")
+
+    def _search_results_in(self) -> bool:
+        return self.searched and not self.extra and all(pid.endswith("#final") for pid in self.running)
 
     @property
     def results_in(self) -> bool:
-        """Every search result is in: all configurations handed out and none running (a proxy
-        search's full-scale answer run may still run: it is not a search result)."""
-        return self.searched and all(pid.endswith("#final") for pid in self.running)
+        """Every search result is in: all configurations handed out (bracketing's too) and none running
+        (a proxy search's full-scale answer run may still run: it is not a search result)."""
+        return self._search_results_in() and self.bracketed
 
     def running_keys(self) -> set:
         return {r.key for r in self.running.values()}
@@ -277,15 +293,31 @@ class CellSearch:
             return None
         if self.searched and any(r.deferred for r in self.running.values()):
             return WAIT                  # a lead seed runs: its configuration's other seeds may follow
-        key = None if self.searched else self.strategy.ask(self)
-        if key is None:                  # converged, or nothing left: the search is done
-            self.handed_out = self.cell.num_configurations
-            return self.propose_final() if self.proxied else None
-        if key == WAIT:
-            return WAIT
+        if self.extra:
+            return self.hand_out(self.extra.popleft())
+        if not self.searched:
+            key = self.strategy.ask(self)
+            if key == WAIT:
+                return WAIT
+            if key is not None:
+                self.handed_out += 1
+                return self.hand_out(key)
+            self.handed_out = self.cell.num_configurations   # converged, or nothing left: the search is done
+        if not self.bracketed:           # the search's results all in: the next extension, if its optimum asks
+            if not self._search_results_in():
+                return WAIT
+            keys = self.bracket.next_round(self)
+            if keys:
+                self.extended.update(keys)
+                self.extra.extend(keys[1:])
+                return self.hand_out(keys[0])
+        return self.propose_final() if self.proxied else None
+
+    def hand_out(self, key: object) -> tuple[str, list[dict]]:
+        """A new proposal of configuration ``key``: its trial configs, one per seed (the lead alone first
+        where multi-fidelity decides on it)."""
         pid = f"{self.cell.cell.key}#{self.proposals}"
         self.proposals += 1
-        self.handed_out += 1
         configs = self.trial_configs(key)
         lead, rest = (configs[:1], configs[1:]) if self.lead_first(key) else (configs, [])
         self.running[pid] = _Running(key, len(lead), deferred=[{**c, "follower": True} for c in rest])
@@ -345,6 +377,10 @@ class CellSearch:
         # a private draw is its (C, B, η) with its own seed; the others are their indices
         indices = self.cell.indices(*self.cell.draws[running.key][:3]) if self.cell.private else running.key
         self.finished[indices] = mean
+        if running.clipped and all(fully for _, fully in running.clipped.values()):
+            self.fully_clipped.add(indices)
+        if running.key in self.extended:   # bracketing's: no strategy proposed it
+            return []
         equivalents = []
         for other in self.strategy.tell(Outcome(running.key, mean, running.clipped)):
             self.finished[other] = mean

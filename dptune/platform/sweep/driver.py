@@ -101,7 +101,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode=plan.mode)
     packing = PackPolicy.for_sweep(plan.space.search, settings.resources)
     searcher = SweepSearcher(plan, metric=plan.metric, mode=plan.mode, on_equivalent=EquivalenceLog(settings.paths.absolute()),
-                             pack=packing)
+                             pack=packing, paths=settings.paths.absolute())
     tuner = tune.Tuner(
         resourced(settings) if trainable is None else resourced(settings, trainable),
         tune_config=tune.TuneConfig(search_alg=searcher,

@@ -14,28 +14,28 @@ import pandas as pd
 
 from ..store.durable import read_json, write_json
 from .kept import config_id
-from ..store.layout import ExperimentPaths
+from ..store.layout import EQUIVALENT_FILE, OLD_EQUIVALENT_FILE, ExperimentPaths
 from ..store.results_store import ResultsStore, to_json
 from .trial_config import resolved
 
-LOG_FILE = "dptune-equivalent.json"
-
-
 class EquivalenceLog:
     """Keeps the searcher's equivalent trials (``{"source": Ray trial id, "config": trial config}``)
-    in ``<experiment>/dptune-equivalent.json`` (picklable)."""
+    in ``<experiment>/dptune-state/equivalent.json`` (picklable)."""
 
     def __init__(self, paths: ExperimentPaths) -> None:
         self.paths = paths
 
     def __call__(self, equivalents: list[dict]) -> None:
-        fs, root = self.paths.filesystem()
-        fs.create_dir(root, recursive=True)
-        write_json(fs, f"{root}/{LOG_FILE}", equivalents, default=str)
+        write_json(*self.paths.state_file(EQUIVALENT_FILE), equivalents, default=str)
 
     def read(self) -> list[dict]:
+        """The log (an experiment of an earlier version: its log at the root)."""
         fs, root = self.paths.filesystem()
-        return read_json(fs, f"{root}/{LOG_FILE}", "the clip-equivalence log") or []
+        for name in (EQUIVALENT_FILE, OLD_EQUIVALENT_FILE):
+            found = read_json(fs, f"{root}/{name}", "the clip-equivalence log")
+            if found is not None:
+                return found
+        return []
 
 
 def equivalent_id(source: str, clip_bound: float) -> str:

@@ -167,7 +167,7 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
     callbacks: list[tune.Callback] = [PerMember(LiveStatus(paths)), StoreCallback(paths)]
     callbacks += map(PerMember, tracker_callbacks(settings.tracking, settings.experiment, str(paths.root)))
     if settings.verbose == 0:
-        callbacks.append(PerMember(TrialLines(total)))
+        callbacks.append(PerMember(TrialLines(total, paths)))
     return tune.RunConfig(
         name=settings.experiment, storage_path=absolute(settings.storage),
         failure_config=tune.FailureConfig(max_failures=settings.max_failures),

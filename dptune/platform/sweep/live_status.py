@@ -1,5 +1,5 @@
 """The running trials of a live sweep, kept in one small file beside the store
-(``<experiment>/dptune_running.json``) for ``dptune status``: the store records a trial only
+(``<experiment>/dptune-state/running.json``) for ``dptune status``: the store records a trial only
 once it ends. Written by a driver-side Ray Tune callback when a trial starts or ends, and at most
 every ``MIN_INTERVAL_S`` on its reports (a durable replace: local or s3://); emptied when the sweep
 ends, when the driver also writes how many planned trials did not run (:func:`mark_ended`: a search that
@@ -15,7 +15,7 @@ from ray import tune
 
 from ...schema import HYPERPARAMETERS
 from ..store.durable import write_json
-from ..store.layout import ExperimentPaths, filesystem
+from ..store.layout import LIVE_FILE, ExperimentPaths
 from ..store.results_store import first_line
 
 #: Shortest time between two writes on reports (starts and ends are always written).
@@ -60,7 +60,7 @@ class LiveStatus(tune.Callback):
         the next one brings the file up to date, and the sweep never stops for it."""
         self._written = time.monotonic()
         try:
-            fs, path = filesystem(self.paths.live)
+            fs, path = self.paths.state_file(LIVE_FILE)
             write_json(fs, path, {"updated": time.time(), "running": self.running, **extra})
         except OSError as exc:
             if not self._warned:

@@ -8,14 +8,17 @@ import time
 from ray import tune
 
 from ...schema import METRICS
+from ..store.layout import ExperimentPaths
 from ..store.records import reported, stopped_early
 
 
 class TrialLines(tune.Callback):
-    """Prints ``[k/total] status cell C B η: the selected metric, ε spent (seconds)`` when a trial ends."""
+    """Prints ``[k/total] status cell C B η: the selected metric, ε spent (seconds)`` when a trial ends;
+    with ``paths``, the total counts the trials bracketing added so far (``[k/total+added]``)."""
 
-    def __init__(self, total: int | None = None) -> None:
+    def __init__(self, total: int | None = None, paths: ExperimentPaths | None = None) -> None:
         self.total = total
+        self.paths = paths
         self.ended = 0
         self._started: dict[str, float] = {}
 
@@ -33,11 +36,17 @@ class TrialLines(tune.Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
         self._line(trial, "ERRORED")
 
+    def _added(self) -> str:
+        """``+N``: the trials bracketing added beyond the plan so far (read from its record)."""
+        added = sum(int(r.get("added", 0)) * int(r.get("seeds", 1))
+                    for r in (self.paths.saved_bracketing() if self.paths is not None else {}).values())
+        return f"+{added}" if added else ""
+
     def _line(self, trial: "tune.experiment.Trial", status: str) -> None:
         self.ended += 1
         train = meta = trial.config if isinstance(trial.config, dict) else {}
         last = trial.last_result or {}
-        count = f"{self.ended}/{self.total}" if self.total else str(self.ended)
+        count = f"{self.ended}/{self.total}{self._added()}" if self.total else str(self.ended)
         parts = [f"[{count}]", f"{status:<8}", str(meta.get("cell", trial.trial_id))]
         if "clip_bound" in train:
             parts.append(f"C={train['clip_bound']:g} B={train.get('batch_size')} η={train.get('learning_rate', 0):.3g}"

@@ -33,6 +33,7 @@ from ray.tune.search import Searcher
 
 from pyarrow.fs import LocalFileSystem
 
+from .bracket import Bracket
 from .cell_search import WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, Transfer, WarmStart
 from ..store.durable import read_file, write_bytes
 from ..faults import fault_point
@@ -41,6 +42,7 @@ from .packs import member_result, member_trial_id
 
 if TYPE_CHECKING:
     from ...search_spaces.planner import SweepPlan
+    from ..store.layout import ExperimentPaths
 
 #: The searchers Ray Tune restored in this process from an experiment's snapshot (newest last).
 RESTORED: list["SweepSearcher"] = []
@@ -64,15 +66,20 @@ class SweepSearcher(Searcher):
 
     def __init__(self, plan: "SweepPlan", *, metric: str, mode: str = "max", clip_equivalence: bool = True,
                  on_equivalent: Optional[Callable[[list[dict]], None]] = None,
-                 pack: PackPolicy | None = None) -> None:
+                 pack: PackPolicy | None = None, paths: "ExperimentPaths | None" = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.plan = plan
         #: packed trials (None: each trial config runs alone), on where the plan's lever is
         self.pack = pack if plan.space.search.pack else None
         self.on_equivalent = on_equivalent
+        #: where each cell's bracketing is kept as it goes (None: not kept)
+        self.paths = paths
+        extensions = plan.space.search.bracket_extensions
         self.cells = [CellSearch(cell, cell_strategy(plan, i, mode=mode, clip_equivalence=clip_equivalence,
                                                      warm_start=lambda i=i: self.warm_start_point(i)),
-                                 plan.space.seeds, mode=mode) for i, cell in enumerate(plan.cells)]
+                                 plan.space.seeds, mode=mode,
+                                 bracket=Bracket(extensions) if extensions is not None and not cell.private else None)
+                      for i, cell in enumerate(plan.cells)]
         search = plan.space.search
         if search.transfer_radius is not None:
             for cell, source in plan.transfer_sources().items():
@@ -189,6 +196,16 @@ class SweepSearcher(Searcher):
         nearest = min(range(len(mine)), key=lambda k: (abs(math.log(mine[k] / batch)), mine[k]))
         return indices[0], nearest, indices[2]
 
+    def save_bracketing(self) -> None:
+        """Keep every cell's bracketing record beside the experiment (the closing lines read it)."""
+        if self.paths is not None:
+            self.paths.save_bracketing({c.cell.cell.key: {**c.bracket.record(), "seeds": len(c.seeds)}
+                                        for c in self.cells if c.bracket is not None})
+
+    def added(self) -> int:
+        """Trials bracketing added so far (each configuration once per seed)."""
+        return sum(c.bracket.added * len(c.seeds) for c in self.cells if c.bracket is not None)
+
     # --- internals ---------------------------------------------------------------------------------
 
     def _propose(self) -> bool:
@@ -199,7 +216,11 @@ class SweepSearcher(Searcher):
             finished = False
             for i in range(self._cursor, len(self.cells)):
                 was_done = self.cells[i].done
+                rounds = self.cells[i].bracket.added if self.cells[i].bracket is not None else 0
                 proposed = self.cells[i].propose()
+                if self.cells[i].bracket is not None and (self.cells[i].bracket.added != rounds or
+                                                          self.cells[i].done != was_done):
+                    self.save_bracketing()
                 if proposed is None:
                     finished |= not was_done
                     if i == self._cursor:

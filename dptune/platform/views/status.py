@@ -40,6 +40,7 @@ class SweepStatus:
     pending: int
     unrun: int = 0        # the driver ended with this many planned trials not run (`dptune resume` runs them)
     metrics: tuple = ()   # the metrics the best column holds (those a store's trials selected on)
+    added: int = 0        # trials bracketing added beyond the plan so far (counted in ``planned``)
 
     @property
     def done(self) -> bool:
@@ -57,6 +58,8 @@ class SweepStatus:
         lines = [line(list(COLUMNS)), *map(line, cells)]
         share = self.spent / self.planned if self.planned else 1.0
         tail = f"trial-epochs {self.spent:g} of at most {self.planned:g} planned ({share:.0%})"
+        if self.added:
+            tail += f" (with {self.added} trial(s) bracketing added beyond the plan)"
         if self.done:
             tail += "; nothing running or pending"
             if self.unrun:
@@ -105,12 +108,15 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
     plan_fs, plan_path = filesystem(paths.plan)
     started = plan_fs.get_file_info(plan_path).mtime
     rows, spent_total, planned_total, running_total, pending_total = [], 0.0, 0.0, 0, 0
+    brackets, added = paths.saved_bracketing(), 0   # trials bracketing added beyond the plan, per cell
     for key, cell in plan["cells"].items():
         mine = trials[trials["cell"] == key] if "cell" in trials else trials.iloc[0:0]
         counts = mine["status"].value_counts() if "status" in mine else pd.Series(dtype=int)
         running = [r for r in live.values() if r.get("cell") == key]
         done_trials = int(counts.sum())
-        planned = int(cell.get("trials", done_trials + len(running)))
+        extra = int(brackets.get(key, {}).get("added", 0)) * int(brackets.get(key, {}).get("seeds", 1))
+        planned = int(cell.get("trials", done_trials + len(running))) + extra
+        added += extra
         pending = 0 if ended else max(planned - done_trials - len(running), 0)
         spent = float(len(epochs[epochs["trial_id"].isin(mine["trial_id"])])) if len(mine) and "trial_id" in epochs \
             else 0.0
@@ -129,4 +135,4 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
         eta = max(planned_total - spent_total, 0.0) / (spent_total / elapsed)
     metrics = tuple(sorted(set(trials["metric"].dropna()))) if "metric" in trials else ()
     return SweepStatus(pd.DataFrame(rows, columns=COLUMNS), spent_total, planned_total, eta, running_total,
-                       pending_total, int(live_file.get("unrun", 0)) if ended else 0, metrics)
+                       pending_total, int(live_file.get("unrun", 0)) if ended else 0, metrics, added)
