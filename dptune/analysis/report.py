@@ -85,8 +85,8 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
         complete, tried = sweep.fixed_setting_pool()
         if not fixed and complete < tried:
             result.comparisons.append(
-                f"the fixed setting is the best of the {complete} (C, B) with a result in every cell; the other "
-                f"{tried - complete} were stopped early, errored or not run in some cell and are not compared")
+                f"the fixed setting is the best of the {complete} (C, B) with a result (or stopped by multi-fidelity) "
+                f"in every cell; the other {tried - complete} errored or were not run in some cell and are not compared")
     except ValueError as exc:
         if fixed:
             raise
@@ -197,6 +197,9 @@ def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = (), metric:
                      f"{int(r['indistinguishable'])} setting(s) not distinguishable from it, C in "
                      f"[{fmt(r['clip_bound_min'])}, {fmt(r['clip_bound_max'])}], B in "
                      f"[{fmt(r['batch_size_min'])}, {fmt(r['batch_size_max'])}]")
+            if r.get("stopped"):   # no test: the scheduler excluded them, not the t-test
+                line += (f"; {int(r['stopped'])} other(s) stopped by multi-fidelity at rung {r['stopped_rungs']} "
+                         "(they lost there: excluded by the scheduler, not by a test)")
         bracketing = r.get("bracketing") if isinstance(r.get("bracketing"), str) else ""
         if r.get("grid_edge") and bracketing.startswith("stopped"):
             line += f"; on the edge of the values searched ({r['grid_edge']}): bracketing {bracketing}"

@@ -216,6 +216,11 @@ class Sweep:
         best = per_setting.loc[per_setting.groupby("cell_name")["score"].idxmax()]
         best = best.assign(grid_edge=[self.grid_edge(r) for _, r in best.iterrows()],
                            cell=[self.cell_key(name) for name in best["cell_name"]])
+        stops = self.stopped_settings().groupby("cell_name")["rung"].agg(["size", "min", "max"])
+        best = best.assign(stopped=[int(stops.loc[c, "size"]) if c in stops.index else 0 for c in best["cell_name"]],
+                           stopped_rungs=[(f"{stops.loc[c, 'min']}" + (f"–{stops.loc[c, 'max']}" if stops.loc[c, "max"]
+                                                                       != stops.loc[c, "min"] else ""))
+                                          if c in stops.index else "" for c in best["cell_name"]])
         cells = self.cells()
         return cells.merge(best, on="cell_name", how="left")
 
@@ -266,14 +271,18 @@ class Sweep:
             raise UserError("give both the clipping bound and the batch size of the fixed setting, or neither")
         if clip_bound is None:
             cells, stats = self._settings_in_every_cell(table)
-            stats = stats.sort_values(["mean", "clip_bound", "batch_size"], ascending=[False, True, True])
+            # fewest cells where multi-fidelity stopped it first (it lost there), then the best mean
+            stats = stats.sort_values(["stopped_cells", "mean", "clip_bound", "batch_size"],
+                                      ascending=[True, False, True, True])
             if stats.empty:
                 raise UserError(f"no (C, B) was run in all {cells} private cells (each cell searched its own "
                                  "batch sizes), so no single setting can be compared across them; "
                                  "--fixed C,B compares one anyway")
             clip_bound, batch_size = float(stats["clip_bound"].iloc[0]), float(stats["batch_size"].iloc[0])
         at = table[np.isclose(table["clip_bound"], clip_bound) & np.isclose(table["batch_size"], batch_size)]
-        if at.empty:
+        stops = self.stopped_settings()
+        stopped_at = stops[np.isclose(stops["clip_bound"], clip_bound) & np.isclose(stops["batch_size"], batch_size)]
+        if at.empty and stopped_at.empty:
             raise UserError(f"the fixed setting C={clip_bound:g}, B={batch_size:g} was not run in any cell")
         optima = self.optima()
         optima = optima[optima["private"] & optima["accuracy"].notna()]
@@ -284,23 +293,54 @@ class Sweep:
             on="cell_name", how="left")
         out["cost"] = out["score"] - out["fixed_score"]   # ≥ 0: how much worse, in the metric's units
         out = out.drop(columns=["score", "fixed_score"])
+        # where multi-fidelity stopped it (and nothing of it finished): it lost there, at that rung
+        lost = stopped_at.groupby("cell_name")["rung"].min()
+        out["fixed_stopped"] = [f"stopped at rung {int(lost[c])}" if c in lost.index and pd.isna(acc) else None
+                                for c, acc in zip(out["cell_name"], out["fixed_accuracy"])]
         return (clip_bound, batch_size), out.reset_index(drop=True)
 
     def fixed_setting_pool(self) -> tuple[int, int]:
-        """How many (C, B) the default fixed setting was chosen from: those with a result in every
-        private cell, and all (C, B) with a result somewhere (the rest were stopped early, errored
-        or not run in some cell, so they have no accuracy there to compare)."""
+        """How many (C, B) the default fixed setting was chosen from: those with a result, or stopped by
+        multi-fidelity (it lost there), in every private cell; and all (C, B) with either somewhere (the
+        rest errored or were not run in some cell, so there is nothing of them to compare there)."""
         table = self.heatmap_table().dropna(subset=["accuracy"])
         _, stats = self._settings_in_every_cell(table)
-        return len(stats), len(table.groupby(["clip_bound", "batch_size"]))
+        stops = self.stopped_settings()
+        tried = pd.concat([table[["clip_bound", "batch_size"]], stops[["clip_bound", "batch_size"]]])
+        return len(stats), len(tried.drop_duplicates())
 
-    @staticmethod
-    def _settings_in_every_cell(table: pd.DataFrame) -> tuple[int, pd.DataFrame]:
-        """The number of private cells, and the (C, B) of ``table`` with a result in every one of
-        them (with their count and mean score)."""
+    def _settings_in_every_cell(self, table: pd.DataFrame) -> tuple[int, pd.DataFrame]:
+        """The number of private cells, and the (C, B) of ``table`` with a result, or stopped by
+        multi-fidelity, in every one of them: their mean score where they have one, and in how many
+        cells they were stopped (``stopped_cells``)."""
         cells = table["cell_name"].nunique()
-        stats = table.groupby(["clip_bound", "batch_size"])["score"].agg(["size", "mean"]).reset_index()
-        return cells, stats[stats["size"] == cells]
+        keys = ["clip_bound", "batch_size"]
+        stops = self.stopped_settings()
+        stopped = stops[["cell_name", *keys]].drop_duplicates()
+        stopped = stopped.merge(table[["cell_name", *keys]].drop_duplicates(), on=["cell_name", *keys], how="left",
+                                indicator=True)
+        stopped = stopped[stopped["_merge"] == "left_only"].groupby(keys).size().rename("stopped_cells")
+        stats = table.groupby(keys)["score"].agg(["size", "mean"]).join(stopped, how="outer").reset_index()
+        stats["size"] = stats["size"].fillna(0)
+        stats["stopped_cells"] = stats["stopped_cells"].fillna(0).astype(int)
+        return cells, stats[stats["size"] + stats["stopped_cells"] == cells]
+
+    def stopped_settings(self) -> pd.DataFrame:
+        """The configurations multi-fidelity stopped in a private cell (every trial of theirs there
+        stopped: none complete), each with the step it was stopped at and its rung (the stop's place
+        among the distinct steps where that cell's runs at its B were stopped: 1 the first)."""
+        keys = ["cell_name", "clip_bound", "batch_size", "learning_rate"]
+        private = self.trials[self.trials["private"]]
+        complete = private[private["accuracy"].notna()][keys].drop_duplicates()
+        stopped = private[private["status"] == "stopped"]
+        if stopped.empty:
+            return pd.DataFrame(columns=[*keys, "step", "rung"])
+        stopped = stopped.assign(step=pd.to_numeric(stopped["step"], errors="coerce") if "step" in stopped else np.nan)
+        stopped = stopped.groupby(keys)["step"].min().reset_index()
+        stopped = stopped.merge(complete, on=keys, how="left", indicator=True)
+        stopped = stopped[stopped["_merge"] == "left_only"].drop(columns="_merge")
+        stopped["rung"] = stopped.groupby(["cell_name", "batch_size"])["step"].rank(method="dense").fillna(1).astype(int)
+        return stopped.reset_index(drop=True)
 
     def summary(self) -> pd.DataFrame:
         """Per cell: trial counts by status, the C, B and η values tried, best and median accuracy."""

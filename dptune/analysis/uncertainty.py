@@ -208,6 +208,9 @@ def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tupl
     tuned = "learning_rates" in heatmap and int(heatmap["learning_rates"].max()) > 1
     name = f"fixed setting C={c:g}, B={b:g} ({eta_note(tuned)})"
     lines, tested = [], 0
+    for _, row in cost[cost["fixed_stopped"].notna()].iterrows() if "fixed_stopped" in cost else ():
+        lines.append(f"{name}: {row['fixed_stopped']} at {row['cell_name']} (multi-fidelity: it lost there to the "
+                     "cell's other configurations, worse than its optimum)")
     for _, row in cost.dropna(subset=["fixed_accuracy"]).iterrows():
         if row["cell_name"] not in at.index or pd.isna(at.loc[row["cell_name"], "p_value"]):
             continue   # no test: fewer than two seeds shared with the optimum

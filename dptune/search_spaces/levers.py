@@ -1,6 +1,6 @@
 """The levers that buy the same answer for less compute, on by default where they are safe.
 
-A spec's ``search`` section may name three levers; one it does not name is decided here, from the
+A spec's ``search`` section may name the levers; one it does not name is decided here, from the
 rest of the spec, and every decision carries the one line ``dptune plan`` prints for it:
 
 - **multi-fidelity** (``search.scheduler``): ASHA within each (cell, B), optimizer steps as the
@@ -29,7 +29,13 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
   score has no packed path) and for optuna (TPE proposes one configuration at a time from the
   results so far). On a CPU only B ≤ 128 is packed (where it was measured to pay: BENCHMARKS.md).
 
-Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``, ``pack: off``.
+- **bracketing** (``search.bracket``, :mod:`.bracketing`): an optimum on an edge of the C, B or η values
+  its cell searched gets the next values beyond it, along its own line, until it lies inside or a
+  data-independent rule stops it (at most two extensions per axis and cell by default). On by
+  default; off under private selection (its K trials are drawn in advance).
+
+Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``, ``pack: off``,
+``bracket: off``.
 """
 from __future__ import annotations
 

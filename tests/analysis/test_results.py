@@ -204,8 +204,8 @@ def test_no_fixed_setting_chart_when_no_setting_was_run_in_every_cell(tmp_path):
     assert Sweep.from_store(store).fixed_setting_pool() == (1, 3)
     printed = io.StringIO()
     write_heatmaps(store, tmp_path / "again", out=printed)
-    assert ("the fixed setting is the best of the 1 (C, B) with a result in every cell; the other 2 were "
-            "stopped early, errored or not run in some cell") in printed.getvalue()
+    assert ("the fixed setting is the best of the 1 (C, B) with a result (or stopped by multi-fidelity) in every "
+            "cell; the other 2 errored or were not run in some cell") in printed.getvalue()
 
 
 def test_heatmaps_of_a_facet_share_one_colour_scale_and_no_label_overlaps_another_panel(store):
