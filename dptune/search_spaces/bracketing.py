@@ -64,13 +64,17 @@ def edges(tried: Iterable[Sequence[float]], optimum: Sequence[float]) -> list[tu
     return sorted(out)
 
 
-def extended(grid: Sequence[float], index: int) -> float | None:
+def extended(grid: Sequence[float], index: float) -> float | None:
     """The value at position ``index`` of ``grid`` (sorted ascending) and beyond it, in its own
-    spacing: the ratio of its two end values at each end (geometric, as the grids are log-spaced).
-    None beyond a grid of one value (it has no spacing: the axis was not searched)."""
+    spacing: the ratio of its two end values at each end (geometric, as the grids are log-spaced); a
+    position between two grid points (a continuous search's) lies between their values in log. None
+    beyond a grid of one value (it has no spacing: the axis was not searched)."""
     n = len(grid)
-    if 0 <= index < n:
-        return grid[index]
+    if 0 <= index <= n - 1:
+        low = math.floor(index)
+        if low == index:
+            return grid[int(index)]
+        return grid[low] * (grid[low + 1] / grid[low]) ** (index - low)
     if n < 2:
         return None
     if index < 0:
@@ -80,7 +84,11 @@ def extended(grid: Sequence[float], index: int) -> float | None:
 
 def extended_batch_size(grid: Sequence[int], index: int, dataset_size: int) -> int | None:
     """The batch size at ``index`` of the searched B (beyond it: :func:`extended`, rounded and kept
-    within [:data:`MIN_BATCH_SIZE`, N/2] — so the last step may be shorter than the grid's)."""
+    within [:data:`MIN_BATCH_SIZE`, N/2] — so the last step may be shorter than the grid's). B is never
+    searched between its values: each needs its own σ."""
+    if index != int(index):
+        return None
+    index = int(index)
     value = extended(grid, index)
     if value is None:
         return None

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Collection
 
 from ..privacy.schedule import epoch_end_steps
 from .bracketing import DEFAULT_MAX_EXTENSIONS
-from .search_sections import Scheduler, Search
+from .search_sections import MODEL_BASED, Scheduler, Search
 
 if TYPE_CHECKING:
     from .search_sections import SearchSpace
@@ -129,8 +129,8 @@ def resolve_levers(space: "SearchSpace", packable: Collection[str] = ()) -> tupl
         if private:
             why = "private selection draws its trials independently of the data"
         elif search.algorithm != "grid":
-            why = f"grid searches only ({search.algorithm}" + (": warm_start is its transfer)" if
-                                                               search.algorithm == "optuna" else ")")
+            why = f"grid searches only ({search.algorithm}" + (": warm_start and prior are its transfer)" if
+                                                               search.algorithm in MODEL_BASED else ")")
         elif not chains:
             why = "one private ε: no cells differ only in ε"
         elif seeds > 1:
@@ -172,8 +172,8 @@ def _pack_lever(space: "SearchSpace", packable: Collection[str]) -> tuple[bool, 
         return search.pack, "named in the spec" if search.pack else "named off in the spec"
     if space.selection.private:
         return False, "private selection: its noisy score has no packed path; each trial runs alone"
-    if search.algorithm == "optuna":
-        return False, "optuna: TPE proposes one configuration at a time from the results so far"
+    if search.algorithm in MODEL_BASED:
+        return False, f"{search.algorithm}: its sampler proposes one configuration at a time from the results so far"
     peft = space.trial.fixed.get("peft")
     unpackable = [b.label for b in space.axes.backbone
                   if b.name not in packable or dict(b.options).get("peft", peft) == "full"]

@@ -5,6 +5,7 @@ from typing import Callable
 
 from .bracketing import AXES, MIN_BATCH_SIZE
 from .planner import CellPlan, SweepPlan
+from .search_sections import MODEL_BASED
 from .proxy import MAX_AUTO_DIVISOR, MIN_AUTO_PROXY_BATCH, MIN_PROXY_SIGMA
 
 
@@ -51,7 +52,7 @@ def format_cell(plan: CellPlan, index: int, total: int, source: CellPlan | None 
     if search.algorithm != "grid":
         shape = f"{search.algorithm}: {plan.num_configurations} of {shape} = {len(plan.grid)}"
     seeds = len(plan.space.seeds)
-    approx, upto = ("≈", "≤ ") if search.algorithm == "optuna" else ("", "")  # TPE may converge early
+    approx, upto = ("≈", "≤ ") if search.algorithm in MODEL_BASED else ("", "")  # a sampler may converge early
     if plan.private:
         lines += _selection_lines(plan)
     if plan.proxied:
@@ -195,7 +196,7 @@ def format_plan(plan: SweepPlan, *, dry_run: bool = True, pack_line: Callable[[C
         source = plan.cells[sources[i - 1]] if i - 1 in sources else None
         out += [format_cell(cell, i, len(plan.cells), source), *([pack_line(cell)] if pack_line else []), ""]
     steps, examples = plan.expected_cost
-    approx, upto = ("≈", "≤ ") if space.search.algorithm == "optuna" else ("", "")
+    approx, upto = ("≈", "≤ ") if space.search.algorithm in MODEL_BASED else ("", "")
     saving = ""
     if space.search.scheduler.name == "asha":
         _, h_examples = plan.halving_cost

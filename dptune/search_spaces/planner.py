@@ -34,7 +34,7 @@ from .bracketing import extended, extended_batch_size
 from .levers import decision_steps, halving_steps, with_levers
 from .noise_table import NoiseRequest, calibrate_many
 from .proxy import MIN_PROXY_SIGMA, ProxyRun, auto_divisor, proxy_run
-from .search_sections import BACKBONE_FIELDS, AxisValue, SearchSpace, TrialOptions
+from .search_sections import BACKBONE_FIELDS, MODEL_BASED, AxisValue, SearchSpace, TrialOptions
 from .spec import Catalog, Spec
 
 #: Keys of a trial config that are the plan's figures, not training options (declared with the
@@ -314,7 +314,7 @@ class CellPlan:
         if algorithm == "random":
             rng = np.random.default_rng(self.sampler_seed())
             return [grid[i] for i in rng.choice(len(grid), size=self.num_configurations, replace=False)]
-        raise ValueError("optuna proposes configurations while the sweep runs; use the platform's "
+        raise ValueError(f"{algorithm} proposes configurations while the sweep runs; use the platform's "
                          "SweepSearcher (dptune.platform.sweep.searcher)")
 
     def trials(self) -> list[dict]:
@@ -329,7 +329,7 @@ class CellPlan:
         the grid average. Examples = T·B, the expected number of per-sample gradients."""
         algorithm = self.space.search.algorithm
         undrawn = self.private and self.drawn is None   # K not drawn yet: its mean over the grid
-        configs = self.grid if algorithm == "optuna" or undrawn else self.configurations()
+        configs = self.grid if algorithm in MODEL_BASED or undrawn else self.configurations()
         if not configs:
             return 0.0, 0.0
         steps_of = {row["batch_size"]: row["steps"] for row in self.rows}
@@ -364,7 +364,7 @@ class CellPlan:
         that reach it (:func:`~.levers.halving_steps`: an estimate); :meth:`expected_cost` without a scheduler."""
         if self.space.search.scheduler.name != "asha" or self.private:
             return self.expected_cost()
-        configs = self.grid if self.space.search.algorithm == "optuna" else self.configurations()
+        configs = self.grid if self.space.search.algorithm in MODEL_BASED else self.configurations()
         if not configs:
             return 0.0, 0.0
         seeds = len(self.space.seeds)

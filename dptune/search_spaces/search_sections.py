@@ -39,7 +39,11 @@ from .proxy import MIN_PROXY_SIGMA
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
                    register_section, spec_path)
 
-ALGORITHMS = ("grid", "random", "optuna")
+ALGORITHMS = ("grid", "random", "optuna", "gp")
+#: Other names the spec accepts for an algorithm: ``tpe`` is Optuna's TPE (``optuna``).
+ALGORITHM_NAMES = {"tpe": "optuna"}
+#: The algorithms that propose each configuration from the results so far (Optuna's TPE and GP samplers).
+MODEL_BASED = ("optuna", "gp")
 #: What an early-stopping scheduler compares a trial with: the cell's trials of the same B, or all of them.
 SCHEDULER_GROUPS = ("batch_size", "cell")
 #: Trial options a spec may set (the trial schema's fields with ``spec=("trial",)``).
@@ -173,6 +177,12 @@ class Search:
     #: bracketing (``bracket: on | off | {max_extensions: N}``, :mod:`.bracketing`): an optimum on an edge of
     #: the values its cell searched gets the next values beyond it, at most N times per axis; None: off
     bracket_extensions: int | None = None
+    #: configurations tried first in every cell (``start: [{clip_bound, batch_size, lr_multiplier}, …]``):
+    #: (C, B, η multiplier) values, each moved to the cell's nearest searched B
+    start: tuple[tuple[float, int, float], ...] = ()
+    #: an earlier experiment (``prior: <folder>``) whose per-cell optima seed this sweep's cells, across ε as
+    #: transfer does within one sweep (the platform reads its store)
+    prior: str | None = None
     #: the levers (scheduler, proxy, transfer, pack, bracket) the spec named; the others are decided by
     #: :func:`~.levers.resolve_levers` (on by default where they are safe)
     named: frozenset = frozenset(("scheduler", "proxy", "transfer", "pack", "bracket"))
@@ -467,37 +477,76 @@ def parse_scheduler(value: Any) -> Scheduler:
     return Scheduler(name, **{k: checks[k](v, f"search.scheduler.{k}") for k, v in raw.items() if k != "name"})
 
 
-@register_section("search", default={}, summary="algorithm (grid, random, optuna), budget, seed, scheduler, proxy, "
-                                                 "transfer, pack, bracket")
+@register_section("search", default={}, summary="algorithm (grid, random, optuna or tpe, gp), budget, seed, scheduler, "
+                                                 "proxy, transfer, pack, bracket, start, prior")
 def parse_search(value: Any, catalog: Catalog) -> Search:
     raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler", "proxy",
-                                    "transfer", "pack", "bracket"))
-    algorithm = choice(raw.get("algorithm", "grid"), "search.algorithm", ALGORITHMS)
+                                    "transfer", "pack", "bracket", "start", "prior"))
+    algorithm = raw.get("algorithm", "grid")
+    algorithm = choice(ALGORITHM_NAMES.get(algorithm, algorithm) if isinstance(algorithm, str) else algorithm,
+                       "search.algorithm", (*ALGORITHMS, *ALGORITHM_NAMES))
     budget = raw.get("budget")
     if algorithm == "grid":
         for key in ("budget", "startup_trials", "warm_start"):
             if raw.get(key) is not None:
-                raise SpecError(f"search.{key}: only applies to algorithm random or optuna "
+                raise SpecError(f"search.{key}: only applies to algorithm random, optuna or gp "
                                 f"(a grid runs every configuration); remove it or change search.algorithm")
-    elif budget is None and algorithm == "optuna":   # random: check_search_budget (not under private selection)
+    elif budget is None and algorithm in MODEL_BASED:   # random: check_search_budget (not under private selection)
         raise SpecError(f"search.budget: required for algorithm {algorithm} (configurations per cell)")
     if algorithm == "random":
         for key in ("startup_trials", "warm_start"):
             if raw.get(key) is not None:
-                raise SpecError(f"search.{key}: only applies to algorithm optuna")
+                raise SpecError(f"search.{key}: only applies to algorithm optuna or gp")
     startup = raw.get("startup_trials")
     warm = raw.get("warm_start", False)
     if not isinstance(warm, bool):
         raise SpecError(f"search.warm_start: must be true or false; got {warm!r}")
     radius, scaling = parse_transfer(raw.get("transfer"))
     if radius is not None and algorithm != "grid":
-        raise SpecError(f"search.transfer: only applies to algorithm grid (optuna has warm_start); got {algorithm}")
+        raise SpecError(f"search.transfer: only applies to algorithm grid (optuna and gp have warm_start); got "
+                        f"{algorithm}")
     return Search(algorithm, None if budget is None else integer(budget, "search.budget", ge=1),
                   integer(raw.get("seed", 0), "search.seed", ge=0),
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
                   parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling,
-                  *parse_pack(raw.get("pack")), parse_bracket(raw.get("bracket")),
+                  *parse_pack(raw.get("pack")), parse_bracket(raw.get("bracket")), parse_start(raw.get("start")),
+                  parse_prior(raw.get("prior")),
                   frozenset(k for k in ("scheduler", "proxy", "transfer", "pack", "bracket") if k in raw))
+
+
+#: The keys of a starting point (``search.start``), in the order of a configuration.
+START_KEYS = ("clip_bound", "batch_size", "lr_multiplier")
+
+
+def parse_start(value: Any) -> tuple[tuple[float, int, float], ...]:
+    """``search.start: [{clip_bound: C, batch_size: B, lr_multiplier: m}, …]``: configurations every cell
+    tries first (B moved to the cell's nearest searched B; m the η multiplier of the learning-rate rule)."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise SpecError(f"search.start: must be a list of configurations {{clip_bound, batch_size, lr_multiplier}}; "
+                        f"got {value!r}")
+    out = []
+    for i, point in enumerate(value):
+        raw = mapping(point, f"search.start[{i}]", START_KEYS)
+        missing = [k for k in START_KEYS if k not in raw]
+        if missing:
+            raise SpecError(f"search.start[{i}].{missing[0]}: required (a starting point is C, B and η's multiplier)")
+        out.append((_positive(raw["clip_bound"], f"search.start[{i}].clip_bound"),
+                    integer(raw["batch_size"], f"search.start[{i}].batch_size", ge=1),
+                    _positive(raw["lr_multiplier"], f"search.start[{i}].lr_multiplier")))
+    return tuple(out)
+
+
+def parse_prior(value: Any) -> str | None:
+    """``search.prior: <experiment folder>``: an earlier sweep whose optima seed this one's cells (a
+    path read as a spec's paths are; the platform checks that it holds a results store)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"search.prior: must be an experiment folder (an earlier sweep's <storage>/<experiment>); "
+                        f"got {value!r}")
+    return spec_path(value)
 
 
 TRANSFER_LR_SCALINGS = ("none", "linear")
@@ -753,9 +802,15 @@ def check_private_selection(spec: Spec, catalog: Catalog) -> None:
     search = spec["search"]
     if search.algorithm != "random":
         why = ("a grid runs a fixed list of every configuration" if search.algorithm == "grid"
-               else "TPE chooses each configuration from earlier trials' scores on private data")
+               else f"{'TPE' if search.algorithm == 'optuna' else 'a GP'} chooses each configuration from earlier "
+               "trials' scores on private data")
         raise SpecError(f"search.algorithm: selection.mode private needs algorithm random: {why}, so it is not K "
                         f"random draws independent of the data (the guarantee's assumption); got {search.algorithm}")
+    for key, named in (("start", search.start), ("prior", search.prior)):
+        if named:
+            raise SpecError(f"search.{key}: selection.mode private draws its K trials independently of anything "
+                            "but the spec (the guarantee's assumption); starting points or an earlier sweep's optima "
+                            f"would choose them: remove search.{key}")
     if search.budget is not None:
         raise SpecError("search.budget: not used under selection.mode private: the number of trials K is drawn from "
                         "selection.distribution (a fixed count voids the guarantee); remove it")

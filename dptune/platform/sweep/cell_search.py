@@ -65,6 +65,11 @@ class Ordered:
         """Hand out only the configurations in ``allowed`` (a transfer's neighbourhood)."""
         self.queue = deque(k for k in self.queue if k in allowed)
 
+    def start_with(self, keys: Sequence[object]) -> None:
+        """Hand out ``keys`` first (starting points: those of the list; the others are not added)."""
+        first = [k for k in keys if k in self.queue]
+        self.queue = deque(first + [k for k in self.queue if k not in first])
+
     def ask(self, search: "CellSearch") -> object | None:
         return self.queue.popleft() if self.queue else None
 
@@ -85,24 +90,41 @@ class TPE:
         """Propose ``indices`` first (a warm start)."""
         self.enqueued.append(indices)
 
+    def start_with(self, keys: Sequence[Indices]) -> None:
+        """Propose ``keys`` first (starting points), before the sampler's own."""
+        self.enqueued = list(keys) + self.enqueued
+
+    def sampler(self) -> object:
+        """TPE, seeded per cell; ``constant_liar`` so that parallel proposals spread out."""
+        import optuna
+
+        return optuna.samplers.TPESampler(seed=self.seed, constant_liar=True, n_startup_trials=self.startup_trials)
+
     def _start(self) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one INFO line per study and trial otherwise
-        sampler = optuna.samplers.TPESampler(seed=self.seed, constant_liar=True, n_startup_trials=self.startup_trials)
-        self.study = optuna.create_study(sampler=sampler, direction="maximize" if self.mode == "max" else "minimize")
-        for indices in self.enqueued:
-            self.study.enqueue_trial(dict(zip(INDEX_NAMES, indices)))
+        self.study = optuna.create_study(sampler=self.sampler(), direction="maximize" if self.mode == "max" else "minimize")
+        for key in self.enqueued:
+            self.study.enqueue_trial(self.params(key))
+
+    def params(self, key: tuple) -> dict:
+        """A configuration as the study's parameters."""
+        return dict(zip(INDEX_NAMES, key))
+
+    def suggest(self, trial: object) -> tuple:
+        """The configuration a study's trial proposes: an index per axis."""
+        return tuple(trial.suggest_int(name, 0, size - 1) for name, size in zip(INDEX_NAMES, self.sizes))
 
     def ask(self, search: "CellSearch") -> Indices | None:
-        """A new configuration, or None once TPE only repeats known ones."""
+        """A new configuration, or None once the sampler only repeats known ones."""
         from optuna.trial import TrialState
 
         if self.study is None:
             self._start()
         for _ in range(MAX_REPEATS):
             trial = self.study.ask()
-            indices = tuple(trial.suggest_int(name, 0, size - 1) for name, size in zip(INDEX_NAMES, self.sizes))
+            indices = self.suggest(trial)
             if indices not in search.finished and indices not in search.running_keys():
                 self.asked.setdefault(indices, []).append(trial)
                 return indices
@@ -124,9 +146,41 @@ class TPE:
         return []
 
 
+class GP(TPE):
+    """Optuna's Gaussian-process sampler (Matérn 5/2, log expected improvement), as seed 000's own
+    tool searches: C and η on continuous log ranges between their grid's smallest and largest values (a
+    position p in [0, n − 1] along the grid: its value lies between the grid's neighbours in log; a
+    position past either end is bracketing's), B on the cell's σ-calibrated searched values. Parallel
+    proposals spread out by the installed Optuna's own handling of running trials: with trials asked
+    and not yet told, the GP sampler takes the q-batch log expected improvement (qLogEI) over them."""
+
+    NAMES = ("clip_position", "batch_index", "lr_position")
+
+    def sampler(self) -> object:
+        import optuna
+
+        return optuna.samplers.GPSampler(seed=self.seed, n_startup_trials=self.startup_trials)
+
+    def params(self, key: tuple) -> dict:
+        return {name: value for name, value, size in zip(self.NAMES, key, self.sizes) if size > 1}
+
+    def suggest(self, trial: object) -> tuple:
+        out = []
+        for axis, (name, size) in enumerate(zip(self.NAMES, self.sizes)):
+            if size < 2:
+                out.append(0)
+            elif axis == 1:
+                out.append(trial.suggest_int(name, 0, size - 1))
+            else:   # a float position, rounded so that a repeat is recognised
+                out.append(round(trial.suggest_float(name, 0.0, float(size - 1)), 4))
+        return tuple(out)
+
+
 class ClipChains:
     """Clip-equivalence in a grid cell (see the module docstring): the grid's C of each (B, η)
     handed out largest first, one at a time; asks WAIT while every chain waits for its larger C."""
+
+    first: tuple | list = ()   # starting points, handed out before the chains (:meth:`start_with`)
 
     def __init__(self, cell: "CellPlan") -> None:
         order = sorted(range(len(cell.clip_bounds)), key=lambda i: cell.clip_bounds[i], reverse=True)
@@ -140,13 +194,25 @@ class ClipChains:
         its order, largest C first."""
         self.chains = {chain: [k for k in rest if k in allowed] for chain, rest in self.chains.items()}
 
+    def start_with(self, keys: Sequence[Indices]) -> None:
+        """Hand out ``keys`` first (starting points), each then leaving its chain; its chain's larger C
+        follow in their order, and only its smaller C can be found equivalent to it."""
+        self.first = [k for k in keys if k in self.chains.get(tuple(k[1:]), [])]
+        for key in self.first:
+            self.chains[tuple(key[1:])].remove(key)
+
     def ask(self, search: "CellSearch") -> object | None:
+        for key in list(self.first):   # starting points first, one per chain at a time
+            if tuple(key[1:]) not in self.running:
+                self.first.remove(key)
+                self.running.add(tuple(key[1:]))
+                return key
         pending = [chain for chain, rest in self.chains.items() if rest]
         for chain in pending:
             if chain not in self.running:
                 self.running.add(chain)
                 return self.chains[chain].pop(0)
-        return WAIT if pending else None
+        return WAIT if pending or self.first else None
 
     def tell(self, outcome: Outcome) -> list[Indices]:
         """The configurations now known to be equivalent to ``outcome``'s (its smaller C), if it
@@ -155,8 +221,9 @@ class ClipChains:
         self.running.discard(chain)
         if not all(fully for _, fully in outcome.clipped.values()):
             return []
-        equivalent, self.chains[chain] = self.chains[chain], []
-        return equivalent
+        rest = self.chains[chain]   # largest C first: a starting point's larger C may be left
+        self.chains[chain] = [k for k in rest if k[0] > outcome.key[0]]
+        return [k for k in rest if k[0] < outcome.key[0]]
 
 
 class WarmStart:
@@ -164,6 +231,9 @@ class WarmStart:
 
     def __init__(self, inner: TPE, point: Callable[[], Optional[Indices]]) -> None:
         self.inner, self.point, self.started = inner, point, False
+
+    def start_with(self, keys: Sequence[Indices]) -> None:
+        self.inner.start_with(keys)
 
     def ask(self, search: "CellSearch") -> object | None:
         if not self.started:
@@ -206,6 +276,9 @@ class Transfer:
 
     def tell(self, outcome: Outcome) -> list:
         return self.inner.tell(outcome)
+
+    def start_with(self, keys: Sequence[Indices]) -> None:
+        self.inner.start_with(keys)
 
     def mapped(self, indices: Indices) -> Indices:
         """The source's configuration as the nearest configuration of this cell."""

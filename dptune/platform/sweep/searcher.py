@@ -34,7 +34,9 @@ from ray.tune.search import Searcher
 from pyarrow.fs import LocalFileSystem
 
 from .bracket import Bracket
-from .cell_search import WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, Transfer, WarmStart
+from ...search_spaces.search_sections import MODEL_BASED
+from .cell_search import GP, WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, Transfer, WarmStart
+from .starts import cell_starts, prior_optima
 from ..store.durable import read_file, write_bytes
 from ..faults import fault_point
 from .pack_policy import PackPolicy, pack_config, take_pack
@@ -85,6 +87,11 @@ class SweepSearcher(Searcher):
             for cell, source in plan.transfer_sources().items():
                 self.cells[cell].strategy = Transfer(self.cells[cell].strategy, self.cells[source], plan.cells[cell],
                                                      search.transfer_radius, search.transfer_lr_scaling)
+        if search.start or search.prior:   # starting points first: the spec's, an earlier sweep's optima
+            optima = prior_optima(search.prior) if search.prior else {}
+            for cell, c in zip(self.cells, plan.cells):
+                if not c.private:
+                    cell.strategy.start_with(cell_starts(c, search, optima, continuous=search.algorithm == "gp"))
         #: trials recorded, not trained: {"source": Ray trial id, "config": trial config}
         self.equivalents: list[dict] = []
         self._cursor = 0                                   # the first cell not done
@@ -252,11 +259,12 @@ def cell_strategy(plan: "SweepPlan", cell: int, *, mode: str, clip_equivalence: 
     c, search = plan.cells[cell], plan.space.search
     if c.private:   # private selection: its K draws, each once with its own seed
         return Ordered(range(len(c.draws)))
-    if search.algorithm == "optuna":
-        tpe = TPE((len(c.clip_bounds), len(c.searched_batch_sizes), len(plan.space.learning_rate.multipliers)),
-                  seed=c.sampler_seed(), mode=mode,
-                  startup_trials=search.startup_trials or default_startup_trials(c.num_configurations))
-        return WarmStart(tpe, warm_start) if search.warm_start else tpe
+    if search.algorithm in MODEL_BASED:   # Optuna's TPE, or its GP sampler over continuous C and η
+        sampler = (GP if search.algorithm == "gp" else TPE)(
+            (len(c.clip_bounds), len(c.searched_batch_sizes), len(plan.space.learning_rate.multipliers)),
+            seed=c.sampler_seed(), mode=mode,
+            startup_trials=search.startup_trials or default_startup_trials(c.num_configurations))
+        return WarmStart(sampler, warm_start) if search.warm_start else sampler
     if chained(plan, cell, clip_equivalence=clip_equivalence):
         return ClipChains(c)
     return Ordered([c.indices(*values) for values in c.configurations()])
