@@ -168,7 +168,7 @@ def small_limits():
     planner.LIMITS = saved
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(path=st.sampled_from(PATHS), value=BAD_VALUES, depth=st.integers(1, 5_000),
        raw=st.one_of(st.none(), st.binary(min_size=1, max_size=16)))
 def test_a_corrupted_spec_plans_or_is_refused_in_one_line(small_limits, tmp_path_factory, path, value, depth, raw):
@@ -218,7 +218,7 @@ def from_schema(schema: dict) -> st.SearchStrategy:
     return simple[kind] if kind in simple else ANY_JSON
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_a_spec_drawn_from_the_published_schema_plans_or_is_refused_in_one_line(small_limits, tmp_path_factory,
                                                                                  data):

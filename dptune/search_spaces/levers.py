@@ -129,8 +129,8 @@ def resolve_levers(space: "SearchSpace", packable: Collection[str] = ()) -> tupl
         if private:
             why = "private selection draws its trials independently of the data"
         elif search.algorithm != "grid":
-            why = f"grid searches only ({search.algorithm}" + (": warm_start and prior are its transfer)" if
-                                                               search.algorithm in MODEL_BASED else ")")
+            why = f"grid searches only ({search.algorithm}" + (": warm_start is its transfer, and prior across "
+                                                               "sweeps)" if search.algorithm in MODEL_BASED else ")")
         elif not chains:
             why = "one private ε: no cells differ only in ε"
         elif seeds > 1:
@@ -158,11 +158,21 @@ def resolve_levers(space: "SearchSpace", packable: Collection[str] = ()) -> tupl
         bracket = DEFAULT_MAX_EXTENSIONS
         levers.append(Lever("bracket", True, f"on by default: an optimum on an edge of the C, B or η values its cell "
                                              f"searched gets the next values beyond it (at most {bracket} extensions "
-                                             "per axis and cell); `search: {bracket: off}` turns it off"))
+                                             "per axis and cell); `search: {bracket: off}` turns it off"
+                            + _selection_split(space)))
 
     resolved = dataclasses.replace(search, scheduler=scheduler, proxy_divisor=divisor, transfer_radius=radius,
                                    transfer_lr_scaling=scaling, pack=pack, bracket_extensions=bracket)
     return resolved, tuple(levers)
+
+
+def _selection_split(space: "SearchSpace") -> str:
+    """What an adaptive lever selects on: an adaptive search overfits its selection split more than a
+    fixed grid, so a cell without a validation split is told so."""
+    if space.selection.validation_fraction > 0:
+        return "; it selects on the validation split"
+    return ("; no validation split: it selects on the test split, which the answer is then reported on too "
+            "(`selection: {validation_fraction: 0.2}` holds one out)")
 
 
 def _pack_lever(space: "SearchSpace", packable: Collection[str]) -> tuple[bool, str]:
@@ -173,7 +183,8 @@ def _pack_lever(space: "SearchSpace", packable: Collection[str]) -> tuple[bool, 
     if space.selection.private:
         return False, "private selection: its noisy score has no packed path; each trial runs alone"
     if search.algorithm in MODEL_BASED:
-        return False, f"{search.algorithm}: its sampler proposes one configuration at a time from the results so far"
+        sampler = "TPE" if search.algorithm == "optuna" else "the GP sampler"
+        return False, f"{search.algorithm}: {sampler} proposes one configuration at a time from the results so far"
     peft = space.trial.fixed.get("peft")
     unpackable = [b.label for b in space.axes.backbone
                   if b.name not in packable or dict(b.options).get("peft", peft) == "full"]

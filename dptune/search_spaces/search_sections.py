@@ -489,7 +489,7 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
     if algorithm == "grid":
         for key in ("budget", "startup_trials", "warm_start"):
             if raw.get(key) is not None:
-                raise SpecError(f"search.{key}: only applies to algorithm random, optuna or gp "
+                raise SpecError(f"search.{key}: only applies to algorithm random or optuna (or gp) "
                                 f"(a grid runs every configuration); remove it or change search.algorithm")
     elif budget is None and algorithm in MODEL_BASED:   # random: check_search_budget (not under private selection)
         raise SpecError(f"search.budget: required for algorithm {algorithm} (configurations per cell)")

@@ -1,5 +1,5 @@
-"""Issue 48, item 4: `search: {algorithm: gp}` (Optuna's Gaussian-process sampler, as seed 000's own tool
-searches) over continuous C and η, `tpe` as the name of today's `optuna`, starting points
+"""Issue 48, item 4: `search: {algorithm: gp}` (Optuna's Gaussian-process sampler, as the tool of "On optimal
+hyperparameters for DP deep transfer learning" searches) over continuous C and η, `tpe` as the name of today's `optuna`, starting points
 (`search.start`) and an earlier sweep's optima (`search.prior`) tried first. A planted objective
 (known optimum, between the grid's points) drives the production searcher as Ray Tune does."""
 import math

@@ -147,8 +147,8 @@ class TPE:
 
 
 class GP(TPE):
-    """Optuna's Gaussian-process sampler (Matérn 5/2, log expected improvement), as seed 000's own
-    tool searches: C and η on continuous log ranges between their grid's smallest and largest values (a
+    """Optuna's Gaussian-process sampler (Matérn 5/2, log expected improvement), as the tool of "On
+    optimal hyperparameters for DP deep transfer learning" (DPBayes/dpdl) searches: C and η on continuous log ranges between their grid's smallest and largest values (a
     position p in [0, n − 1] along the grid: its value lies between the grid's neighbours in log; a
     position past either end is bracketing's), B on the cell's σ-calibrated searched values. Parallel
     proposals spread out by the installed Optuna's own handling of running trials: with trials asked

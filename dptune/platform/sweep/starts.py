@@ -2,8 +2,8 @@
 optima (``search.prior``), tried first.
 
 An earlier sweep's optimum of a cell with the same data, backbone, epochs, δ and options seeds this
-sweep's cell at the nearest ε (in log), as transfer does between the cells of one sweep (seed 000:
-the optimum moves smoothly with ε). Each point becomes a position of the cell (its nearest searched
+sweep's cell at the nearest ε (in log), as transfer does between the cells of one sweep ("On optimal
+hyperparameters for DP deep transfer learning": the optimum moves smoothly with ε). Each point becomes a position of the cell (its nearest searched
 B; C and η's multiplier at their place along their grids: the nearest grid point, or for a continuous
 search the point itself, kept within the grid's range) and is proposed first by the cell's strategy.
 Read before Ray starts (:func:`check_prior` refuses a folder without a results store in one line).
