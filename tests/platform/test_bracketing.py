@@ -7,11 +7,11 @@ of a grid wide enough to contain the optimum, and the rules against the planner'
 import math
 
 import pytest
-from ray.tune.search import Searcher
 
 from dptune.platform.sweep.searcher import SweepSearcher
 from dptune.search_spaces.bracketing import MIN_BATCH_SIZE, edges, extended, extended_batch_size, line
 from sweep_plans import digits_spec, plan_of
+from test_proxy import drive   # Ray Tune with one trial at a time
 
 N_DIGITS = 1437   # digits' training set (the planner reads it from the data)
 
@@ -26,20 +26,6 @@ def planted(optimum: tuple[float, float, float]):
                          ((config["clip_bound"], c_star), (config["batch_size"], b_star),
                           (config["learning_rate"], lr_star)))
     return accuracy
-
-
-def drive(searcher: SweepSearcher, value) -> list[dict]:
-    """Ray Tune with one trial at a time: suggest, report its last result, until FINISHED."""
-    trials = []
-    for i in range(10_000):
-        config = searcher.suggest(f"t{i}")
-        if config == Searcher.FINISHED:
-            return trials
-        assert config is not None, "the searcher waits with nothing running"
-        trials.append(config)
-        searcher.on_trial_complete(f"t{i}", {"test_accuracy": value(config), "step": config["steps"],
-                                             "steps": config["steps"], "fully_clipped": 0})
-    raise AssertionError("the searcher never finished")
 
 
 def sweep(value, *, clip_bound, batch_size, multipliers, bracket="on", seeds=(0,)) -> tuple[list[dict], object]:

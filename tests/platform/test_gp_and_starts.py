@@ -13,7 +13,8 @@ from dptune.platform.sweep.searcher import SweepSearcher
 from dptune.search_spaces import load_spec
 from dptune.search_spaces.spec import SpecError
 from sweep_plans import digits_spec, plan_of
-from test_bracketing import drive, planted
+from test_bracketing import planted
+from test_proxy import drive
 
 #: η = 0.25·√(B/32)·m; the optimum's C and η lie between the grid's points (C ∈ {0.25, 1, 4}, m ∈ {0.5, 2, 8}).
 OPTIMUM = (2.0, 64, 0.25 * math.sqrt(64 / 32) * 2.5)
