@@ -387,8 +387,56 @@ def clip_mse_figure(curve: ClipMSE, norms: np.ndarray, labels: np.ndarray, *, tr
 
 
 # -- output --------------------------------------------------------------------------------------
+#: Rounds of growing a figure whose text still runs off its canvas once wrapped.
+FIT_ROUNDS = 6
+
+
+def outside(fig: Figure, dpi: float) -> list[tuple[str, float, float]]:
+    """What of ``fig`` drawn at ``dpi`` runs off its canvas, by matplotlib's own tight bounding boxes: each
+    title and figure text, and each axes with its tick labels, axis labels and legend: (what, how much
+    wider and how much taller the canvas would have to be, as factors ≥ 1)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig.set_dpi(dpi)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    parts = [(t.get_text(), t.get_window_extent(renderer)) for t in [*fig.texts, *(ax.title for ax in fig.axes)]
+             if t.get_visible() and t.get_text().strip()]
+    parts += [(f"axes {ax.get_title() or i}", ax.get_tightbbox(renderer)) for i, ax in enumerate(fig.axes)
+              if ax.get_visible()]
+    out = []
+    for what, box in parts:
+        if box is None:
+            continue
+        over_x = max(0.0, -box.x0, box.x1 - width)
+        over_y = max(0.0, -box.y0, box.y1 - height)
+        if over_x > 0.5 or over_y > 0.5:
+            out.append((what, (width + 2 * over_x) / width, (height + 2 * over_y) / height))
+    return out
+
+
+def fit_text(fig: Figure, dpi: float) -> None:
+    """Every text of ``fig`` inside its canvas: its titles wrap at the canvas' edge (matplotlib's own
+    wrapping), and where a text still runs off — a label, a word longer than the line — the figure grows
+    until it fits. Called before a figure is written, so a long title never loses its ends."""
+    for text in [*fig.texts, *(ax.title for ax in fig.axes)]:   # titles wrap (not labels, ticks, legends)
+        text.set_wrap(True)
+    for _ in range(FIT_ROUNDS):
+        runs_off = outside(fig, dpi)
+        if not runs_off:
+            return
+        wider = max(x for _, x, _ in runs_off)
+        taller = max(y for _, _, y in runs_off)
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w * min(wider * 1.05, 2.0), h * min(taller * 1.05, 2.0))
+
+
 def save(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "svg"), dpi: int = 130) -> list[Path]:
-    """Write ``stem.png`` and ``stem.svg`` (or the given formats); returns the paths."""
+    """Write ``stem.png`` and ``stem.svg`` (or the given formats), their text fitted to the canvas
+    (:func:`fit_text`); returns the paths."""
+    fit_text(fig, dpi)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     for ext in formats:
@@ -399,7 +447,9 @@ def save(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "svg"), dpi: 
 
 
 def png_base64(fig: Figure, dpi: int = 110) -> str:
-    """The figure as a base64 PNG for an ``<img src="data:image/png;base64,…">``."""
+    """The figure as a base64 PNG for an ``<img src="data:image/png;base64,…">``, its text fitted
+    to the canvas (:func:`fit_text`)."""
+    fit_text(fig, dpi)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
