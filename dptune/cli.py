@@ -480,7 +480,10 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", help="override the spec's storage: a path, NFS path or s3://bucket/prefix")
     p.add_argument("--quiet", action="store_true", help="no calibration progress bar")
     p.add_argument("--verbose", action="store_true",
-                   help="Ray Tune's own progress tables and trial boxes [one line per finished trial]")
+                   help="Ray Tune's own progress tables and trial boxes, every failed attempt's traceback and what "
+                        "the trials print (libraries' progress bars and warnings) [one line per ended trial, an "
+                        "ERRORED one with its error's last line, a live line while trials run long; each trial's "
+                        "output in output.log and its traceback in error.txt, both in its folder]")
     p.add_argument("--overwrite", action="store_true",
                    help="delete an earlier run of the same experiment (its Ray Tune state, store and figures) and "
                         "start again [refuse: continue it with `dptune resume`, or set a new experiment name]")
@@ -492,8 +495,8 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO) -> int:
 
     plan, settings = prepare(args.spec, storage=args.storage, progress=not args.quiet, out=out, address=args.address,
                              start_local_ray=not args.address,
-                             check=lambda s: _refuse_earlier_run(s.paths, overwrite=args.overwrite, out=out))
-    settings.verbose = 2 if args.verbose else 0
+                             check=lambda s: _refuse_earlier_run(s.paths, overwrite=args.overwrite, out=out),
+                             verbose=args.verbose)
     outcome = run_sweep(plan, settings, address=args.address, out=out)
     return _report_outcome(outcome, out)
 
@@ -533,7 +536,8 @@ def _report_outcome(outcome, out: TextIO) -> int:
     paths = outcome.paths
     if outcome.recurring is not None:
         raise UserError(f"the sweep stopped at a trial's error, which every trial would meet: {outcome.recurring}")
-    print(f"\n{outcome.finished} trials finished, {outcome.errored} errored; results store: {paths.store}\n"
+    errored = (f" (their messages and tracebacks: dptune status {paths.root})" if outcome.errored else "")
+    print(f"\n{outcome.finished} trials finished, {outcome.errored} errored{errored}; results store: {paths.store}\n"
           f"best configuration per cell (diagnostic; selecting on the {outcome.metric.replace('_', ' ')} is not "
           "private):", file=out)
     if outcome.finished:   # each cell's optimum with its error bar, then what differs between cells

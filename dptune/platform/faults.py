@@ -6,6 +6,7 @@ returns at once. ``DPTUNE_FAULTS`` is a comma-separated list of ``<point>@<k>=<a
 k-th time this process passes ``<point>``,
 
 - ``kill``: the process SIGKILLs itself there (a driver that dies at exactly that point);
+- ``raise``: it raises :class:`FaultInjected` there (an unexpected error, e.g. of a trial's code);
 - ``pause``: it writes ``<point>@<k>.paused`` in ``DPTUNE_FAULT_DIR`` and waits until the test
   creates ``<point>@<k>.go`` there (e.g. while the test stops a storage server).
 
@@ -15,7 +16,8 @@ rows), ``storage_retry`` (a store write or checkpoint read failed and is about t
 and in the durable write of every file (:mod:`dptune.platform.store.durable`): ``durable_written`` (the bytes, not yet
 fsynced), ``durable_synced`` (fsynced, not renamed), ``durable_renamed`` (renamed, the folder not
 yet fsynced); ``compact_deleted`` (a compaction deleted one of the files it merged). In a trial's
-own process (:mod:`dptune.platform.sweep.tune_adapter`): ``trial_checkpointed`` (a one-process trial reported an epoch
+own process: ``trial_entered`` (its Tune function was called, :mod:`dptune.platform.sweep.trial_function`),
+``trial_checkpointed`` (a one-process trial reported an epoch
 with its checkpoint) and ``train_checkpointed`` (rank 0 of a multi-worker trial did): a test pauses
 the trial there and kills its node or a worker while it is certainly mid-trial. A trial's processes
 see ``DPTUNE_FAULTS`` when Ray was started with it in the environment.
@@ -29,8 +31,12 @@ from collections import Counter
 from pathlib import Path
 
 ENV, DIR_ENV = "DPTUNE_FAULTS", "DPTUNE_FAULT_DIR"
-ACTIONS = ("kill", "pause")
+ACTIONS = ("kill", "raise", "pause")
 _passed: Counter = Counter()
+
+
+class FaultInjected(RuntimeError):
+    """The error a ``raise`` fault raises: one that no check of dptune's foresaw."""
 
 
 def faults() -> dict[tuple[str, int], str]:
@@ -53,6 +59,8 @@ def fault_point(point: str) -> None:
     action = faults().get((point, _passed[point]))
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "raise":
+        raise FaultInjected(f"fault injected at {point}@{_passed[point]}")
     elif action == "pause":
         folder = Path(os.environ[DIR_ENV])
         name = f"{point}@{_passed[point]}"

@@ -29,6 +29,7 @@ from ..store.layout import DEFAULT_SPEC, PLAN_FILE, SETTINGS_FILE, ExperimentPat
 from .pack_policy import PackPolicy
 from .packs import ending, members
 from .trial_errors import recurring_error
+from .ray_setup import console
 from .ray_tasks import RayTasks
 from .schedulers import build_scheduler
 from .searcher import RESTORED, SweepSearcher
@@ -60,27 +61,30 @@ class SweepOutcome:
 
 def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool = True,
             out: TextIO = sys.stdout, address: str | None = None, start_local_ray: bool = False,
-            check: Callable[[RunSettings], None] | None = None) -> tuple[SweepPlan, RunSettings]:
+            check: Callable[[RunSettings], None] | None = None,
+            verbose: bool = False) -> tuple[SweepPlan, RunSettings]:
     """Validate and plan a spec (the embedded default when None) before any trial is launched.
 
     ``check`` vets the run settings before anything starts (e.g. refuses an earlier run's folder);
     the storage must take a write first.
     With ``address`` (a Ray cluster), the σ the plan lacks are calibrated as Ray tasks across it;
     with ``start_local_ray``, local Ray starts while they are calibrated (in other processes): a
-    sweep's first trial then waits for neither in turn."""
+    sweep's first trial then waits for neither in turn. ``verbose``: Ray Tune's own tables and what
+    the trials print reach the console (``dptune sweep --verbose``)."""
     spec = load_spec(spec_path or DEFAULT_SPEC, trainables_catalog())
     settings = RunSettings(experiment=spec["experiment"], storage=absolute(storage or spec["storage"]),
-                           resources=spec["resources"], max_failures=spec["failure"], tracking=spec["tracking"])
+                           resources=spec["resources"], max_failures=spec["failure"], tracking=spec["tracking"],
+                           verbose=2 if verbose else 0)
     check_storage(settings.storage)
     if check is not None:
         check(settings)
     if address:
-        start_ray(address)
+        start_ray(address, log_to_driver=verbose)
         plan = plan_sweep(spec, trainables_catalog(), progress=progress, executor=RayTasks(), draw=True)
     elif start_local_ray:
         with ThreadPoolExecutor(max_workers=1) as planner:
             planning = planner.submit(plan_sweep, spec, trainables_catalog(), progress=progress, draw=True)
-            start_ray()
+            start_ray(log_to_driver=verbose)
             plan = planning.result()
     else:
         plan = plan_sweep(spec, trainables_catalog(), progress=progress, draw=True)
@@ -97,7 +101,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     """Run every trial of ``plan`` on Ray Tune; the store callback writes each one as it ends.
     Trials get flat configs (:mod:`dptune.platform.sweep.trial_config`); the spec's scheduler, if any, stops hopeless
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
-    start_ray(address)
+    start_ray(address, log_to_driver=bool(settings.verbose))
     scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode=plan.mode)
     packing = PackPolicy.for_sweep(plan.space.search, settings.resources)
     searcher = SweepSearcher(plan, metric=plan.metric, mode=plan.mode, on_equivalent=EquivalenceLog(settings.paths.absolute()),
@@ -132,8 +136,9 @@ def resume_sweep(root: str, *, restart_errored: bool = False, address: str | Non
     if not tune.Tuner.can_restore(paths.root):
         raise UserError(f"no restorable experiment at {root!r}: pass the folder "
                          "<storage>/<experiment> that `dptune sweep` printed")
-    start_ray(address)
     settings = _load_settings(paths)
+    start_ray(address, log_to_driver=bool(settings.verbose))
+    console(bool(settings.verbose))
     kept = kept_results(ResultsStore(settings.paths.store))  # what ended, even if Ray's snapshot lags
     function = keeping(trainable or dp_trainable, kept)
     RESTORED.clear()   # the searcher Ray Tune restores for this resume registers itself here

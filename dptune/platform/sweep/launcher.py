@@ -17,7 +17,7 @@ from .store_callback import StoreCallback
 from .live_status import LiveStatus
 from .packs import PerMember
 from .progress import TrialLines
-from .ray_setup import configure_driver
+from .ray_setup import configure_driver, console
 from .ray_orphans import stop_orphans
 from ..store.layout import DEFAULT_STORAGE, WORKER_RUNS, ExperimentPaths, absolute
 from .spec_sections import Resources
@@ -93,18 +93,21 @@ def _token_mode() -> None:
         pass
 
 
-def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> None:
+def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False,
+              log_to_driver: bool = False) -> None:
     """Join ``address`` (e.g. "auto" on a cluster) or start embedded local Ray on 127.0.0.1: node
     address 127.0.0.1, no dashboard, token authentication on with a token only its owner can read
     (:func:`private_ray_token`). Ray's gRPC servers still listen on every interface (Ray 2.60 has
     no setting for their bind address; see the README's security note). Ray processes a killed
     earlier local session left running are stopped first (:mod:`dptune.platform.sweep.ray_orphans`). The driver's
-    environment and log levels are set here too (:func:`dptune.platform.sweep.ray_setup.configure_driver`)."""
+    environment and log levels are set here too (:func:`dptune.platform.sweep.ray_setup.configure_driver`).
+    ``log_to_driver``: what the trials' processes print reaches this console too (``--verbose``);
+    otherwise it stays in each trial's log (``tune_adapter.TRIAL_LOG``) and Ray's worker logs."""
     configure_driver()
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=log_to_driver)
     else:
         if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
             private_ray_token()
@@ -113,7 +116,7 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None, dashbo
         if stopped:
             print(f"dptune: stopped {len(stopped)} Ray process(es) left by a killed local session", file=sys.stderr)
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, _node_ip_address="127.0.0.1",
-                 logging_level=logging.WARNING, configure_logging=True)
+                 logging_level=logging.WARNING, configure_logging=True, log_to_driver=log_to_driver)
 
 
 def resourced(settings: RunSettings, function: Callable[..., None] = dp_trainable):
@@ -157,7 +160,8 @@ def max_concurrent(settings: RunSettings) -> int | None:
 
 def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfig:
     """Storage, retries, two kept checkpoints per trial, the store callback, the spec's trackers and,
-    unless Ray Tune's own verbose output is on, one progress line per ended trial (of ``total``).
+    unless Ray Tune's own verbose output is on, one progress line per ended trial (of ``total``) and
+    no traceback per failed attempt (:func:`~dptune.platform.sweep.ray_setup.console`).
 
     Two, not one: Ray Tune snapshots the experiment state on a timer, so after a driver kill the
     snapshot can name the checkpoint before the newest; with one kept it would already be gone."""
@@ -166,6 +170,7 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
     # each pack member is a trial of its own to all but Ray Tune (the store callback writes its rows itself)
     callbacks: list[tune.Callback] = [PerMember(LiveStatus(paths)), StoreCallback(paths)]
     callbacks += map(PerMember, tracker_callbacks(settings.tracking, settings.experiment, str(paths.root)))
+    console(bool(settings.verbose))
     if settings.verbose == 0:
         callbacks.append(PerMember(TrialLines(total, paths)))
     return tune.RunConfig(

@@ -38,6 +38,16 @@ def configure_driver() -> None:
     quiet_trial_logs()
 
 
+def console(verbose: bool) -> None:
+    """What reaches the sweep's console from Ray Tune's driver: without ``verbose`` no traceback per
+    failed attempt (Ray Tune's "Trial task failed" block, three per trial with two retries): the
+    ERRORED line carries the error's last line and the traceback stays in the trial's ``error.txt``.
+    Ray Tune reads this when a run starts (fresh or restored)."""
+    os.environ["TUNE_PRINT_ALL_TRIAL_ERRORS"] = "1" if verbose else "0"
+    # and its closing "Trials did not complete: [ids]": the closing lines count the errored trials
+    logging.getLogger("ray.tune.tune").setLevel(logging.NOTSET if verbose else logging.CRITICAL)
+
+
 def quiet_trial_logs() -> None:
     """No INFO line per report and checkpoint from a trial's process or a Train worker (Ray 2.60
     logs Train's under a logger named by its module's file path)."""

@@ -22,6 +22,7 @@ from ..store.records import epoch_rows, gradnorm_rows, reported, trial_row
 from .searcher import reconcile_restored
 from ..store.results_store import ResultsStore, StoreWriteError, first_line, retrying
 from .trial_config import resolved
+from .trial_errors import error_line
 from .tune_adapter import checkpoint_state
 
 
@@ -64,7 +65,7 @@ class StoreCallback(tune.Callback):
             self._record(member, *ending(member))
 
     def on_trial_error(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:
-        message = _error_message(trial)
+        message = error_line(trial)
         for member in members(trial):
             self._record(member, *ending(member, message))
 
@@ -104,7 +105,7 @@ class StoreCallback(tune.Callback):
         for trial in trials:
             if trial.status not in (trial.TERMINATED, trial.ERROR):
                 continue
-            message = _error_message(trial) if trial.status == trial.ERROR else None
+            message = error_line(trial) if trial.status == trial.ERROR else None
             for member in members(trial):
                 if config_id(member.config) not in stored:
                     self._record(member, *ending(member, message))
@@ -125,20 +126,3 @@ class StoreCallback(tune.Callback):
                         experiment=self.paths.name)
         row["config_id"] = config_id(trial.config)
         self.store.write_trial(row, epoch_rows(history, row["metric"]), gradnorm_rows(history))
-
-
-def _error_message(trial: "tune.experiment.Trial") -> str:
-    """The last line of the trial's error (the exception type and message), or a placeholder."""
-    try:
-        err = trial.get_pickled_error()
-    except Exception:  # storage unreachable: fall back to the text file
-        err = None
-    text = str(err) if err is not None else ""
-    if not text and trial.error_file:
-        try:
-            with open(trial.error_file) as f:
-                text = f.read()
-        except OSError:
-            text = ""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "trial failed (no error message recorded)"

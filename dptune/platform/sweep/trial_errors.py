@@ -66,3 +66,21 @@ class StopOnRecurringError(tune.Stopper):
 def recurring_error(results: Iterable[dict]) -> str | None:
     """The first recurring error among the trials' last results (None: there was none)."""
     return next((str(r["error"]) for r in results if r and r.get(RECURRING)), None)
+
+
+def error_line(trial: "tune.experiment.Trial") -> str:
+    """The last line of a failed trial's error (the exception type and message), or a placeholder: what
+    its store row and its ERRORED line say (the traceback stays in the trial's error file)."""
+    try:
+        err = trial.get_pickled_error()
+    except Exception:  # storage unreachable: fall back to the text file
+        err = None
+    text = str(err) if err is not None else ""
+    if not text and trial.error_file:
+        try:
+            with open(trial.error_file) as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "trial failed (no error message recorded)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..faults import fault_point
 from .pack_policy import PACK
 from .trial_errors import diverged, failure_report, recurring
 
@@ -21,21 +22,23 @@ def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None)
     error is raised, for Ray Tune to retry."""
     from ...timeline import mark
 
+    from .tune_adapter import report, trial_output
+
     mark("trial_entered", cell=config.get("cell"), seed=config.get("seed"))
-    try:
-        if PACK in config:
-            from .pack_trial import run_pack
+    with trial_output():
+        fault_point("trial_entered")
+        try:
+            if PACK in config:
+                from .pack_trial import run_pack
 
-            run_pack(config)
-            return
-        from .dp_trial import run_trial
+                run_pack(config)
+                return
+            from .dp_trial import run_trial
 
-        run_trial(config, on_workers)
-    except Exception as error:
-        if diverged(error):
-            return
-        if not recurring(error):
-            raise
-        from . import tune_adapter
-
-        tune_adapter.report(failure_report(config, error))
+            run_trial(config, on_workers)
+        except Exception as error:
+            if diverged(error):
+                return
+            if not recurring(error):
+                raise
+            report(failure_report(config, error))

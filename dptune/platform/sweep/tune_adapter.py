@@ -4,10 +4,12 @@ torch is imported where a checkpoint is written or read, not with this module: t
 imports it (its store callback reads checkpoints) and should not load torch before its first trial."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
-from typing import Any
+import warnings
+from typing import Any, Iterator, TextIO
 
 from ray import tune
 
@@ -15,6 +17,58 @@ from ..faults import fault_point
 from .ray_setup import quiet_trial_logs
 
 STATE_FILE = "state.pt"
+#: A trial's own log, in its folder beside Ray Tune's ``error.txt``: what its process prints
+#: (libraries' progress bars and warnings included). The console shows it only under ``--verbose``
+#: (Ray forwards the trials' output to the driver only then: ``launcher.start_ray``).
+TRIAL_LOG = "output.log"
+
+
+class _Tee:
+    """A text stream writing to two (the process's own and the trial's log)."""
+
+    def __init__(self, stream: TextIO, log: TextIO) -> None:
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:   # fileno, encoding, isatty: the process's own stream's
+        return getattr(self.stream, name)
+
+
+def trial_folder() -> str | None:
+    """The trial's folder in the experiment where that is a local (or mounted) path; else its
+    working directory on this node (an object store's experiment: Ray Tune's staging folder);
+    None outside a Ray Tune trial."""
+    with warnings.catch_warnings():   # outside a trial Ray warns, and returns None
+        warnings.simplefilter("ignore")
+        folder = tune.get_context().get_trial_dir()
+    if folder is None:
+        return None
+    if "://" in folder:
+        return os.getcwd()
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def trial_output() -> Iterator[str | None]:
+    """Everything the trial's process prints to ``sys.stdout``/``sys.stderr`` while inside also goes
+    to :data:`TRIAL_LOG` in :func:`trial_folder` (appended: a retry adds to it); yields its path
+    (None, and nothing captured, outside a Ray Tune trial)."""
+    folder = trial_folder()
+    if folder is None:
+        yield None
+        return
+    path = os.path.join(folder, TRIAL_LOG)
+    with open(path, "a", buffering=1, encoding="utf-8") as log, \
+            contextlib.redirect_stdout(_Tee(sys.stdout, log)), contextlib.redirect_stderr(_Tee(sys.stderr, log)):
+        yield path
 
 
 def report(metrics: dict, state: dict | None = None) -> None:

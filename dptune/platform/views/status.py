@@ -2,7 +2,8 @@
 
 Per cell: trials finished, running, pending, stopped (early, by the scheduler) and errored, the best
 so far with its (C, B, η), and trial-epochs spent against the plan; for the sweep, an ETA from the
-rate of trial-epochs so far. Read from the plan the sweep saved (planned trials and epochs per
+rate of trial-epochs so far; under the table, the errored trials' messages and where each one's
+traceback is (Ray Tune's ``error.txt`` in the trial's folder). Read from the plan the sweep saved (planned trials and epochs per
 cell: an upper bound where a search can converge or a scheduler stop trials), the results store
 (ended trials) and the live file of running trials (``live_status``).
 """
@@ -26,6 +27,20 @@ COLUMNS = ("cell", "finished", "running", "pending", "stopped", "errored", "best
 COMPLETE = ("finished", "equivalent")
 #: What each cell searches (the trial schema's hyperparameters: C, B, η).
 SETTING = list(HYPERPARAMETERS)
+#: Errored trials listed under the table (the rest are counted, with the query that lists them).
+SHOWN_ERRORS = 5
+ERROR_FILE = "error.txt"   # Ray Tune's traceback file in a failed trial's folder
+
+
+@dataclass(frozen=True)
+class TrialError:
+    """An errored trial as ``dptune status`` lists it: its message and its traceback file (None: the
+    trial reported its error and ended, e.g. a divergence; nothing was raised)."""
+
+    trial_id: str
+    cell: str
+    message: str
+    traceback: str | None
 
 
 @dataclass
@@ -41,6 +56,7 @@ class SweepStatus:
     unrun: int = 0        # the driver ended with this many planned trials not run (`dptune resume` runs them)
     metrics: tuple = ()   # the metrics the best column holds (those a store's trials selected on)
     added: int = 0        # trials bracketing added beyond the plan so far (counted in ``planned``)
+    errors: tuple = ()    # the errored trials (:class:`TrialError`), as many as the store holds
 
     @property
     def done(self) -> bool:
@@ -68,7 +84,20 @@ class SweepStatus:
             tail += f"; ETA ≤ {_duration(self.eta_s)} at the rate so far (the plan is an upper bound)"
         notes = [f"best: {METRICS[m].label if m in METRICS else m} is {NON_PRIVATE_LABEL} ({figure(m).reason})"
                  for m in non_private(list(self.metrics))]
-        return "\n".join(lines + [tail] + notes)
+        return "\n".join(lines + [tail] + notes + self._error_lines())
+
+    def _error_lines(self) -> list[str]:
+        if not self.errors:
+            return []
+        lines = [f"errored trials ({len(self.errors)}):"]
+        for e in self.errors[:SHOWN_ERRORS]:
+            lines.append(f"  {e.trial_id}  {e.cell}: {e.message}")
+            if e.traceback:
+                lines.append(f"    traceback: {e.traceback}")
+        if len(self.errors) > SHOWN_ERRORS:
+            lines.append(f"  … and {len(self.errors) - SHOWN_ERRORS} more: dptune query <experiment> "
+                         "\"SELECT trial_id, cell, error FROM trials WHERE status = 'error'\"")
+        return lines
 
 
 def _duration(seconds: float) -> str:
@@ -134,5 +163,25 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
     if elapsed and spent_total > 0 and (running_total or pending_total):
         eta = max(planned_total - spent_total, 0.0) / (spent_total / elapsed)
     metrics = tuple(sorted(set(trials["metric"].dropna()))) if "metric" in trials else ()
+    errored = trials[trials["status"] == "error"] if "status" in trials else trials.iloc[0:0]
     return SweepStatus(pd.DataFrame(rows, columns=COLUMNS), spent_total, planned_total, eta, running_total,
-                       pending_total, int(live_file.get("unrun", 0)) if ended else 0, metrics, added)
+                       pending_total, int(live_file.get("unrun", 0)) if ended else 0, metrics, added,
+                       trial_errors(paths, errored))
+
+
+def trial_errors(paths: ExperimentPaths, errored: pd.DataFrame) -> tuple[TrialError, ...]:
+    """Each errored trial's message and traceback file: Ray Tune names a trial's folder
+    ``<trainable>_<trial id>_…`` (a pack member's is its pack's, ``<pack id>-m<k>``)."""
+    if not len(errored):
+        return ()
+    fs, root = paths.filesystem()
+    folders = [info.base_name for info in fs.get_file_info(pafs.FileSelector(root))
+               if info.type == pafs.FileType.Directory]
+    out = []
+    for row in errored.sort_values("trial_id").itertuples():
+        own = str(row.trial_id).split("-m")[0]
+        traceback = next((f"{paths.root.rstrip('/')}/{name}/{ERROR_FILE}" for name in folders
+                          if f"_{own}_" in name and fs.get_file_info(f"{root}/{name}/{ERROR_FILE}").type
+                          == pafs.FileType.File), None)
+        out.append(TrialError(str(row.trial_id), str(row.cell), str(row.error or "no message recorded"), traceback))
+    return tuple(out)
