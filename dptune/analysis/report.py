@@ -431,7 +431,8 @@ def _optima_section(a: Analysis) -> str:
              "then B, then η); σ, T, σ√T and the share of per-sample gradients clipped during training are those "
              f"of that setting. Non-private: the {html.escape(a.sweep.metric_name)} of the same cell without DP. Error bars (several seeds): "
              f"the t-interval of the best setting's mean, and the settings a one-sided paired t-test over seeds "
-             f"(α = {ALPHA:g}) cannot tell from the best, with their range of C (outlined on the heatmaps).</p>",
+             f"(α = {ALPHA:g}, its p-value × the K settings compared: the best was selected among them) cannot "
+             "tell from the best, with their range of C (outlined on the heatmaps).</p>",
              _table(pd.DataFrame(rows), wrap=("on the grid's edge", "bracketing"))]
     if a.comparisons:
         parts.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in a.comparisons) + "</ul>")

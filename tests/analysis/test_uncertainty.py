@@ -36,7 +36,7 @@ def planted(means: dict, seeds: int, rng: np.random.Generator, shared: float = 0
     return {k: list(m + seed_effect + rng.normal(0, own, seeds)) for k, m in means.items()}
 
 
-def test_p_values_are_the_paired_one_sided_t_test():
+def test_p_values_are_the_paired_one_sided_t_test_times_the_settings_compared():
     acc = {(1.0, 64, 1.0): [0.80, 0.84, 0.78, 0.82], (0.1, 64, 1.0): [0.79, 0.80, 0.77, 0.80],
            (10.0, 64, 1.0): [0.81, 0.83, 0.79, 0.80]}
     sets = indistinguishable(per_seed(Sweep.from_frame(pd.DataFrame(trials(acc))).trials))
@@ -45,7 +45,7 @@ def test_p_values_are_the_paired_one_sided_t_test():
         d = best - np.array(acc[key])
         t = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
         row = sets[sets.clip_bound == key[0]].iloc[0]
-        assert row.p_value == pytest.approx(1 - stats.t.cdf(t, len(d) - 1), rel=1e-9)
+        assert row.p_value == pytest.approx(min(1.0, 3 * (1 - stats.t.cdf(t, len(d) - 1))), rel=1e-9)   # K = 3
         assert row.indistinguishable == (row.p_value >= ALPHA)
     assert sets[sets.best].clip_bound.tolist() == [1.0]
 
@@ -63,16 +63,20 @@ def test_a_planted_tie_is_kept_and_a_planted_gap_excluded_thanks_to_pairing():
     assert unpaired.pvalue > ALPHA
 
 
-def test_the_rate_of_false_gaps_under_a_planted_tie_is_about_twice_alpha():
-    """Two equal settings: the best is the larger mean of the two, so the one-sided test at α rejects
-    their tie with probability 2α (the selection), measured over 600 simulated sweeps."""
-    rng = np.random.default_rng(1)
-    rejected = 0
-    for _ in range(600):
-        acc = planted({(1.0, 64, 1.0): 0.8, (2.0, 64, 1.0): 0.8}, 4, rng)
-        sets = indistinguishable(per_seed(Sweep.from_frame(pd.DataFrame(trials(acc))).trials))
-        rejected += int(not sets.indistinguishable.all())
-    assert 2 * ALPHA - 0.035 < rejected / 600 < 2 * ALPHA + 0.035
+@pytest.mark.parametrize("settings, cells", [(2, 600), (5, 200), (20, 60)])
+def test_on_cells_of_equal_settings_at_most_alpha_of_the_statements_are_false(settings, cells):
+    """Null cells (every setting equally good, three seeds, common random numbers): the best is the
+    largest of K noisy means, so an uncorrected test at α calls a setting "distinguishable" from it in
+    0.10 (K = 2), 0.14 (K = 5) and 0.22 (K = 20) of the statements; corrected (× K) at most α. The
+    bound is α plus three binomial standard errors over the statements (K − 1 per cell)."""
+    rng = np.random.default_rng(settings)
+    rows = [row for cell in range(cells)
+            for row in trials(planted({(float(c), 64, 1.0): 0.8 for c in range(1, settings + 1)}, 3, rng), float(cell))]
+    sets = indistinguishable(per_seed(Sweep.from_frame(pd.DataFrame(rows)).trials))
+    statements = sets[~sets.best]
+    assert len(statements) == cells * (settings - 1)
+    false_rate = 1 - statements.indistinguishable.mean()
+    assert false_rate <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / len(statements)), false_rate
 
 
 def test_an_accuracy_interval_stays_inside_zero_and_one():
@@ -172,7 +176,7 @@ def test_the_cost_of_a_fixed_setting_comes_with_its_paired_test(tmp_path):
     losing_eps = 1.0 if fixed_c == 0.1 else 8.0
     at = frame[frame.epsilon == losing_eps].pivot_table(index="seed", columns="clip_bound", values="accuracy")
     other = 10.0 if fixed_c == 0.1 else 0.1
-    p = stats.ttest_rel(at[other], at[fixed_c], alternative="greater").pvalue
+    p = 2 * stats.ttest_rel(at[other], at[fixed_c], alternative="greater").pvalue   # × K = 2 settings compared
     (line,) = [c for c in a.comparisons if c.startswith("fixed setting")]
     assert f"C={fixed_c:g}, B=64" in line and f"p = {p:.3g}" in line and p < ALPHA
     assert f"costs {100 * (at[other].mean() - at[fixed_c].mean()):.1f} accuracy points" in line
