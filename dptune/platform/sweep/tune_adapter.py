@@ -14,6 +14,7 @@ from typing import Any, Iterator, TextIO
 from ray import tune
 
 from ..faults import fault_point
+from ..store.layout import is_uri
 from .ray_setup import quiet_trial_logs
 
 STATE_FILE = "state.pt"
@@ -50,7 +51,7 @@ def trial_folder() -> str | None:
         folder = tune.get_context().get_trial_dir()
     if folder is None:
         return None
-    if "://" in folder:
+    if is_uri(folder):
         return os.getcwd()
     os.makedirs(folder, exist_ok=True)
     return folder
