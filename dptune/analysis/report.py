@@ -97,6 +97,7 @@ def analyse(store: ResultsStore, *, across: str = "epsilon", fixed: tuple[float,
     brackets = paths.saved_bracketing()
     if brackets and "cell" in result.optima:
         result.optima["bracketing"] = [bracketing_text(brackets.get(key)) for key in result.optima["cell"]]
+        result.optima["racing"] = [racing_text(brackets.get(key)) for key in result.optima["cell"]]
     pruning = plan.get("pruning", {})
     if pruning:
         result.rules = "the sweep's own pruning rules (from its saved plan)"
@@ -207,6 +208,8 @@ def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = (), metric:
             line += f"; on the edge of the grid searched ({r['grid_edge']}): the optimum may lie beyond it"
         elif bracketing:
             line += f"; {bracketing}"
+        if isinstance(r.get("racing"), str) and r["racing"]:
+            line += f"; {r['racing']}"
         lines.append(line)
     return lines + list(comparisons)
 
@@ -224,6 +227,19 @@ def bracketing_text(record: dict | None) -> str:
     if outcome.startswith("stopped"):
         return outcome + extra
     return "bracketing unfinished" + extra
+
+
+def racing_text(record: dict | None) -> str:
+    """A cell's racing as the closing lines and optima.csv say it: the contenders of each round and
+    the seeds they reached, the trials it added, the looks its tests are corrected for; "" unraced."""
+    racing = (record or {}).get("racing")
+    if not racing:
+        return ""
+    contenders = " → ".join(str(n) for n in racing.get("contenders", []))
+    rounds = (f"contenders {contenders} given more seeds, up to {racing['seeds']} seeds" if contenders
+              else "no contender to race")
+    return (f"raced: {rounds} (+{racing.get('added', 0)} trials; tests corrected for {racing['looks']} looks)"
+            + ("" if racing.get("settled") else ", unfinished"))
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:

@@ -10,7 +10,9 @@ with the best. Against the *selected* best an uncorrected test at α says "disti
 setting as good as the best far more often than α (simulated on cells of equal settings, three
 seeds: 0.10 of the statements at K = 2, 0.31 at K = 75), since b is the largest of K noisy means; with
 the correction each statement about a setting as good as the best is false with probability at most
-α (the p-values reported are the corrected ones, min(1, K·p)). Pairing by seed is what makes a few seeds enough: in reproducible
+α (the p-values reported are the corrected ones, min(1, K·p)). A raced cell (``search.racing``) tests
+its contenders again as their seeds grow, up to L looks: its p-values are multiplied by K·L
+(:mod:`dptune.search_spaces.racing`; the trials record L, ``looks``). Pairing by seed is what makes a few seeds enough: in reproducible
 mode the seeds share batches and noise across the settings of a cell (common random numbers), so
 most of the seed-to-seed spread cancels in the differences. The indistinguishable set is the error
 bar of the optimum: drawn outlined on the heatmaps, its range of C, B and η written to ``optima.csv``
@@ -65,37 +67,45 @@ def cell_signs(trials: pd.DataFrame) -> dict[str, float]:
     return trials.groupby("cell_name")["sign"].first().to_dict()
 
 
-def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA, signs: dict[str, float] | None = None) -> pd.DataFrame:
+def cell_looks(trials: pd.DataFrame) -> dict[str, int]:
+    """Each cell's L: the times racing may test a configuration against its optimum (1 unraced)."""
+    if "looks" not in trials:
+        return {}
+    return {cell: int(v) for cell, v in trials.groupby("cell_name")["looks"].max().dropna().items()}
+
+
+def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA, signs: dict[str, float] | None = None,
+                      looks: dict[str, int] | None = None) -> pd.DataFrame:
     """Per (cell, setting) of a :func:`per_seed` table: its seed-mean (in the metric's own units:
     ``signs`` from :func:`cell_signs`, +1 when not given), seeds, the one-sided paired p-value of
-    "the cell's best is better" corrected for the selection (× K, the settings compared: see the
+    "the cell's best is better" corrected for the selection and for racing's repeated tests (× K·L: K
+    the settings compared, L the cell's ``looks`` from :func:`cell_looks`, 1 when not given; see the
     module docstring), and ``indistinguishable`` (p ≥ alpha, or the best itself; False where fewer
     than two seeds are shared: no test)."""
-    signs = signs or {}
+    signs, looks = signs or {}, looks or {}
     rows = []
     for cell, block in table.groupby(level="cell_name"):
-        means = block.mean(axis=1)
-        best = means.idxmax()
-        for key, accuracies in block.iterrows():
-            shared = accuracies.notna() & block.loc[best].notna()
-            n = int(shared.sum())
+        values = block.to_numpy(dtype=float)
+        means = np.nanmean(values, axis=1)
+        best = int(np.nanargmax(means))   # the first of equal bests, as idxmax
+        for i, key in enumerate(block.index):
+            shared = ~np.isnan(values[i]) & ~np.isnan(values[best])
             p = math.nan
-            if key == best:
+            if i == best:
                 p = 1.0
-            elif n >= 2:
-                diff = (block.loc[best][shared] - accuracies[shared]).to_numpy(dtype=float)
+            elif shared.sum() >= 2:
+                diff = values[best][shared] - values[i][shared]
                 if np.allclose(diff, diff[0]):   # no spread: equal means tie, any gap is certain
                     p = 1.0 if diff[0] <= 0 else 0.0
                 else:
-                    p = float(stats.ttest_rel(block.loc[best][shared], accuracies[shared],
-                                              alternative="greater").pvalue)
+                    p = float(stats.ttest_rel(values[best][shared], values[i][shared], alternative="greater").pvalue)
             rows.append({"cell_name": cell, **dict(zip(SETTING, key[1:])),
-                         "accuracy": signs.get(cell, 1.0) * float(means[key]),
-                         "seeds": int(accuracies.notna().sum()), "p_value": p, "best": key == best})
+                         "accuracy": signs.get(cell, 1.0) * float(means[i]),
+                         "seeds": int((~np.isnan(values[i])).sum()), "p_value": p, "best": i == best})
         compared = sum(not math.isnan(r["p_value"]) for r in rows if r["cell_name"] == cell)   # K, the best's 1.0 too
         for r in rows:
             if r["cell_name"] == cell and not r["best"] and not math.isnan(r["p_value"]):
-                r["p_value"] = min(1.0, compared * r["p_value"])
+                r["p_value"] = min(1.0, compared * looks.get(cell, 1) * r["p_value"])
     for r in rows:
         r["indistinguishable"] = bool(r["best"] or (not math.isnan(r["p_value"]) and r["p_value"] >= alpha))
     return pd.DataFrame(rows)
@@ -161,7 +171,7 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
     if table.empty or int(table.notna().sum(axis=1).max()) < 2:
         return heatmap.assign(indistinguishable=False), optima, [SINGLE_SEED] if not table.empty else []
     signs = cell_signs(sweep.trials)
-    sets = indistinguishable(table, signs=signs)
+    sets = indistinguishable(table, signs=signs, looks=cell_looks(sweep.trials))
     keys = ["cell_name", *SETTING]
     heatmap = heatmap.merge(sets[keys + ["indistinguishable", "p_value"]], on=keys, how="left")
     heatmap["indistinguishable"] = heatmap["indistinguishable"].fillna(False).astype(bool)

@@ -270,6 +270,8 @@ PLAN_FIGURES = {
     "full_batch_size": "a proxy run: the full-scale B it stands for",
     "final": "the full-scale run of the configuration a proxy search chose (the cell's answer)",
     "follower": "a seed run because its configuration's lead seed passed every rung: the scheduler leaves it alone",
+    "looks": "racing (search.racing): the times its cell may test a configuration against its optimum (the error "
+             "bars' correction multiplies by it)",
 }
 
 

@@ -34,6 +34,11 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
   data-independent rule stops it (at most two extensions per axis and cell by default). On by
   default; off under private selection (its K trials are drawn in advance).
 
+- **racing** (``search.racing``, :mod:`.racing`): the configurations a cell cannot tell from its optimum
+  get further seeds, up to ``max_seeds``. Off unless named (``racing: on`` or ``{max_seeds: N}``): its
+  cost on the default sweep is not yet measured against the 1.5× the default may spend; refused under
+  private selection and with one seed.
+
 Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``, ``pack: off``,
 ``bracket: off``.
 """
@@ -59,7 +64,7 @@ DEFAULT_PROXY_DIVISOR = "auto"
 DEFAULT_TRANSFER_RADIUS = 1
 #: The spec's names of the levers (keys of ``search``) and how the plan calls them.
 LEVERS = {"scheduler": "multi-fidelity", "proxy": "proxy runs", "transfer": "transfer across ε",
-          "pack": "packed trials", "bracket": "bracketing"}
+          "pack": "packed trials", "bracket": "bracketing", "racing": "racing"}
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,13 @@ def resolve_levers(space: "SearchSpace", packable: Collection[str] = ()) -> tupl
                                              f"searched gets the next values beyond it (at most {bracket} extensions "
                                              "per axis and cell); `search: {bracket: off}` turns it off"
                             + _selection_split(space)))
+
+    if search.racing_max_seeds is not None:
+        levers.append(Lever("racing", True, f"named in the spec: the configurations a cell cannot tell from its "
+                                            f"optimum get further seeds, up to {search.racing_max_seeds} each"))
+    elif not private and seeds > 1:
+        levers.append(Lever("racing", False, "off unless named: `search: {racing: {max_seeds: 10}}` gives the "
+                                             "configurations a cell cannot tell from its optimum further seeds"))
 
     resolved = dataclasses.replace(search, scheduler=scheduler, proxy_divisor=divisor, transfer_radius=radius,
                                    transfer_lr_scaling=scaling, pack=pack, bracket_extensions=bracket)

@@ -31,6 +31,7 @@ from ..privacy import calibrate_noise
 from ..schema import METRICS, PLAN_FIGURES
 from .batches import COLUMNS, Row, batch_rows, candidate_rows, rows_frame, spread
 from .bracketing import extended, extended_batch_size
+from .racing import looks
 from .levers import decision_steps, halving_steps, with_levers
 from .noise_table import NoiseRequest, calibrate_many
 from .proxy import MIN_PROXY_SIGMA, ProxyRun, auto_divisor, proxy_run
@@ -242,6 +243,8 @@ class CellPlan:
                 "sample_rate": float(row["sample_rate"]), "steps": int(row["steps"]),
                 "noise_sqrt_steps": float(row["noise_sqrt_steps"]), "lr_multiplier": float(lr_multiplier),
                 "backbone_label": c.backbone.label, "dataset_label": c.dataset.label}
+        if self.space.search.racing_max_seeds is not None:
+            plan["looks"] = looks(self.space.seeds, self.space.search.racing_max_seeds)
         return {**train, **plan}
 
     def proxy_divisor(self, batch_size: int) -> int:

@@ -36,6 +36,7 @@ from ..schema.metrics import TASK_METRICS
 from .batches import MIN_STEPS, PLATEAU_TOL
 from .bracketing import DEFAULT_MAX_EXTENSIONS
 from .proxy import MIN_PROXY_SIGMA
+from .racing import DEFAULT_MAX_SEEDS
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
                    register_section, spec_path)
 
@@ -183,9 +184,12 @@ class Search:
     #: an earlier experiment (``prior: <folder>``) whose per-cell optima seed this sweep's cells, across ε as
     #: transfer does within one sweep (the platform reads its store)
     prior: str | None = None
-    #: the levers (scheduler, proxy, transfer, pack, bracket) the spec named; the others are decided by
-    #: :func:`~.levers.resolve_levers` (on by default where they are safe)
-    named: frozenset = frozenset(("scheduler", "proxy", "transfer", "pack", "bracket"))
+    #: racing (``racing: on | off | {max_seeds: N}``, :mod:`.racing`): the configurations a cell cannot
+    #: tell from its optimum get further seeds, up to N each; None: off
+    racing_max_seeds: int | None = None
+    #: the levers (scheduler, proxy, transfer, pack, bracket, racing) the spec named; the others are
+    #: decided by :func:`~.levers.resolve_levers` (on by default where they are safe)
+    named: frozenset = frozenset(("scheduler", "proxy", "transfer", "pack", "bracket", "racing"))
 
 
 @dataclass(frozen=True)
@@ -478,10 +482,10 @@ def parse_scheduler(value: Any) -> Scheduler:
 
 
 @register_section("search", default={}, summary="algorithm (grid, random, optuna or tpe, gp), budget, seed, scheduler, "
-                                                 "proxy, transfer, pack, bracket, start, prior")
+                                                 "proxy, transfer, pack, bracket, racing, start, prior")
 def parse_search(value: Any, catalog: Catalog) -> Search:
     raw = mapping(value, "search", ("algorithm", "budget", "seed", "startup_trials", "warm_start", "scheduler", "proxy",
-                                    "transfer", "pack", "bracket", "start", "prior"))
+                                    "transfer", "pack", "bracket", "racing", "start", "prior"))
     algorithm = raw.get("algorithm", "grid")
     algorithm = choice(ALGORITHM_NAMES.get(algorithm, algorithm) if isinstance(algorithm, str) else algorithm,
                        "search.algorithm", (*ALGORITHMS, *ALGORITHM_NAMES))
@@ -510,8 +514,8 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
                   parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling,
                   *parse_pack(raw.get("pack")), parse_bracket(raw.get("bracket")), parse_start(raw.get("start")),
-                  parse_prior(raw.get("prior")),
-                  frozenset(k for k in ("scheduler", "proxy", "transfer", "pack", "bracket") if k in raw))
+                  parse_prior(raw.get("prior")), parse_racing(raw.get("racing")),
+                  frozenset(k for k in ("scheduler", "proxy", "transfer", "pack", "bracket", "racing") if k in raw))
 
 
 #: The keys of a starting point (``search.start``), in the order of a configuration.
@@ -588,6 +592,17 @@ def parse_bracket(value: Any) -> int | None:
         return None
     raw = mapping(value, "search.bracket", ("max_extensions",))
     return integer(raw.get("max_extensions", DEFAULT_MAX_EXTENSIONS), "search.bracket.max_extensions", ge=1)
+
+
+def parse_racing(value: Any) -> int | None:
+    """``search.racing: on | off | {max_seeds: N}`` (``true``/``false`` too): at most how many seeds a
+    contender gets (``on``: :data:`~.racing.DEFAULT_MAX_SEEDS`), or None: off."""
+    if value is True or value == "on":
+        return DEFAULT_MAX_SEEDS
+    if value is None or value is False or value in OFF:
+        return None
+    raw = mapping(value, "search.racing", ("max_seeds",))
+    return integer(raw.get("max_seeds", DEFAULT_MAX_SEEDS), "search.racing.max_seeds", ge=2)
 
 
 def parse_pack(value: Any) -> tuple[bool, int | None]:
@@ -728,6 +743,27 @@ def check_bracket(spec: Spec, catalog: Catalog) -> None:
     if spec["search"].bracket_extensions is not None and getattr(spec["selection"], "private", False):
         raise SpecError("search.bracket: bracketing adds trials from the results so far, and selection.mode private "
                         "runs K trials drawn in advance (its guarantee's assumption); remove search.bracket")
+
+
+@register_check
+def check_racing(spec: Spec, catalog: Catalog) -> None:
+    """Racing adds seeds where the results say two configurations are close: it needs seeds to race
+    on, a fixed trial count rules it out (private selection), and proxy runs rank at another scale."""
+    search, seeds = spec["search"], len(spec["seeds"])
+    if search.racing_max_seeds is None:
+        return
+    if getattr(spec["selection"], "private", False):
+        raise SpecError("search.racing: racing adds seeds from the results so far, and selection.mode private "
+                        "runs K trials drawn in advance, one seed each (its guarantee's assumption); remove search.racing")
+    if seeds < 2:
+        raise SpecError(f"search.racing: needs at least two seeds to test a contender against the optimum; seeds has "
+                        f"{seeds} (give e.g. `seeds: [0, 1, 2]`, or remove search.racing)")
+    if search.racing_max_seeds <= seeds:
+        raise SpecError(f"search.racing.max_seeds: must exceed the {seeds} seeds of the spec (the seeds a contender "
+                        f"may reach); got {search.racing_max_seeds}")
+    if search.proxy_divisor != 1 and "proxy" in search.named:
+        raise SpecError("search.racing: proxy runs rank configurations at B/k, and racing compares full-scale seeds; "
+                        "remove one of search.proxy and search.racing")
 
 
 @register_check

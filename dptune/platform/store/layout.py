@@ -51,6 +51,12 @@ WORKER_RUNS = "workers"
 REMOTE_ANALYSIS = "./dptune-analysis"
 
 
+def added_trials(record: dict) -> int:
+    """Trials a cell's bracketing record says the sweep added beyond its plan: bracketing's
+    configurations once per seed, and racing's further seeds."""
+    return int(record.get("added", 0)) * int(record.get("seeds", 1)) + int(record.get("racing", {}).get("added", 0))
+
+
 def is_uri(path: str) -> bool:
     """True for ``s3://…``, ``gs://…``, ``file://…`` and other URIs; False for local and NFS paths."""
     return "://" in path

@@ -76,6 +76,7 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     # labelled ``proxy``, never taken as the cell's result; the full-scale answer run is ``final``
     row["proxy_divisor"], row["full_batch_size"] = config.get("proxy_divisor"), config.get("full_batch_size")
     row["final"] = bool(config.get("final", False))
+    row["looks"] = config.get("looks")   # racing: the error bars' correction for repeated tests
     if row["proxy_divisor"] is not None and status == "finished":
         row["status"] = "proxy"
     row["config_json"] = to_json(config)

@@ -24,7 +24,9 @@ Around a strategy:
 - :class:`CellSearch` runs each configuration once per training seed and tells the strategy the
   mean (private draws carry their own seed and run once); under proxy runs (``search.proxy``) it
   hands out the configurations at (B/k, σ/k, T) and, once they are all in, the best one at full
-  scale: the cell's answer.
+  scale: the cell's answer. After the search, bracketing's rounds (:class:`~.bracket.Bracket`), then
+  racing's (:class:`~.race.Race`: further seeds for the configurations the error bars' test cannot
+  tell from the optimum), bracketing again if a race moved the optimum onto an edge.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from .bracket import Bracket, Indices
+from .race import Race
 
 if TYPE_CHECKING:
     from ...search_spaces.planner import CellPlan
@@ -302,6 +305,9 @@ class _Running:
     remaining: int                       # seeds handed out and still running
     values: list = field(default_factory=list)
     clipped: dict = field(default_factory=dict)
+    scores: dict = field(default_factory=dict)   # seed → its result (None: failed or none)
+    complete: bool = True                # every seed trained to its last step
+    raced: bool = False                  # racing's further seeds of a finished configuration
     #: the other seeds' trial configs, held back while the lead seed runs (:meth:`CellSearch.propose`)
     deferred: list = field(default_factory=list)
 
@@ -313,9 +319,12 @@ class CellSearch:
     beyond an edge its optimum lies on follow, round after round, until it is bracketed."""
 
     def __init__(self, cell: "CellPlan", strategy: object, seeds: Sequence[int], *, mode: str = "max",
-                 bracket: Bracket | None = None) -> None:
+                 bracket: Bracket | None = None, race: Race | None = None) -> None:
         self.cell, self.strategy, self.seeds, self.mode = cell, strategy, tuple(seeds), mode
-        self.bracket = bracket
+        self.bracket, self.race = bracket, race
+        self.race_queue: deque = deque()   # racing's (configuration, its new seeds) still to hand out
+        self.scores: dict[Indices, dict] = {}   # configuration → {seed: result} (trained, not equivalent)
+        self.complete: set = set()         # configurations that trained to their last step on every seed
         self.extra: deque = deque()     # bracketing's configurations still to hand out
         self.extended: set = set()      # bracketing's configurations (the strategy never proposed them)
         self.fully_clipped: set = set()   # configurations that clipped every example at every step, every seed
@@ -341,18 +350,37 @@ class CellSearch:
         return self.bracket is None or (self.bracket.settled and not self.extra)
 
     @property
+    def raced(self) -> bool:
+        """Racing has nothing more to add (or is off)."""
+        return self.race is None or (self.race.settled and not self.race_queue)
+
+    @property
     def done(self) -> bool:
         waiting = self.ready or any(r.deferred for r in self.running.values())   # seeds behind a running lead
-        return self.searched and not waiting and self.bracketed and (not self.proxied or self.final == "done")
+        return (self.searched and not waiting and self.bracketed and self.raced
+                and (not self.proxied or self.final == "done"))
 
     def _search_results_in(self) -> bool:
-        return self.searched and not self.extra and all(pid.endswith("#final") for pid in self.running)
+        return (self.searched and not self.extra and not self.race_queue
+                and all(pid.endswith("#final") for pid in self.running))
 
     @property
     def results_in(self) -> bool:
-        """Every search result is in: all configurations handed out (bracketing's too) and none running
-        (a proxy search's full-scale answer run may still run: it is not a search result)."""
-        return self._search_results_in() and self.bracketed
+        """Every search result is in: all configurations handed out (bracketing's and racing's too) and
+        none running (a proxy search's full-scale answer run may still run: it is not a search result)."""
+        return self._search_results_in() and self.bracketed and self.raced
+
+    def added_so_far(self) -> tuple[int, int] | None:
+        """(configurations bracketing added, trials racing added), or None where neither is on."""
+        if self.bracket is None and self.race is None:
+            return None
+        return (self.bracket.added if self.bracket else 0), (self.race.added if self.race else 0)
+
+    def growth_record(self) -> dict:
+        """What the experiment keeps of its bracketing and racing (``dptune-bracketing.json``; read by
+        :func:`~dptune.platform.store.layout.added_trials`, the closing lines, the report)."""
+        record = {**(self.bracket.record() if self.bracket is not None else {}), "seeds": len(self.seeds)}
+        return {**record, "racing": self.race.record()} if self.race is not None else record
 
     def running_keys(self) -> set:
         return {r.key for r in self.running.values()}
@@ -368,6 +396,8 @@ class CellSearch:
             return WAIT                  # a lead seed runs: its configuration's other seeds may follow
         if self.extra:
             return self.hand_out(self.extra.popleft())
+        if self.race_queue:
+            return self.hand_out(*self.race_queue.popleft())
         if not self.searched:
             key = self.strategy.ask(self)
             if key == WAIT:
@@ -384,13 +414,26 @@ class CellSearch:
                 self.extended.update(keys)
                 self.extra.extend(keys[1:])
                 return self.hand_out(keys[0])
+        if not self.raced:               # then the contenders' further seeds, round after round
+            if not self._search_results_in():
+                return WAIT
+            self.race_queue.extend(self.race.next_round(self))
+            if self.race_queue:
+                if self.bracket is not None:   # the round may move the optimum onto an edge: ask again after it
+                    self.bracket.settled = False
+                return self.hand_out(*self.race_queue.popleft())
         return self.propose_final() if self.proxied else None
 
-    def hand_out(self, key: object) -> tuple[str, list[dict]]:
+    def hand_out(self, key: object, seeds: Sequence[int] | None = None) -> tuple[str, list[dict]]:
         """A new proposal of configuration ``key``: its trial configs, one per seed (the lead alone first
-        where multi-fidelity decides on it)."""
+        where multi-fidelity decides on it); with ``seeds``, racing's further seeds of a finished
+        configuration, all at once and left alone by the scheduler."""
         pid = f"{self.cell.cell.key}#{self.proposals}"
         self.proposals += 1
+        if seeds is not None:
+            configs = [{**self.cell.trial_config(*self.cell.values(key), seed), "follower": True} for seed in seeds]
+            self.running[pid] = _Running(key, len(configs), raced=True)
+            return pid, configs
         configs = self.trial_configs(key)
         lead, rest = (configs[:1], configs[1:]) if self.lead_first(key) else (configs, [])
         self.running[pid] = _Running(key, len(lead), deferred=[{**c, "follower": True} for c in rest])
@@ -433,6 +476,8 @@ class CellSearch:
         (clip-equivalence), each ``{"source": Ray trial id of the same seed, "config": its trial config}``."""
         running = self.running[pid]
         running.values.append(value if value is not None and math.isfinite(value) else None)
+        running.scores[seed] = running.values[-1]
+        running.complete &= completed
         running.clipped[seed] = (trial_id, fully_clipped)
         running.remaining -= 1
         if running.deferred and completed:
@@ -443,6 +488,13 @@ class CellSearch:
         if running.remaining:
             return []
         del self.running[pid]
+        if running.raced:              # further seeds: the configuration's mean over all it ran
+            scores = self.scores[running.key]
+            scores.update(running.scores)
+            if not running.complete:
+                self.complete.discard(running.key)
+            self.finished[running.key] = None if None in scores.values() else sum(scores.values()) / len(scores)
+            return []
         mean = None if None in running.values else sum(running.values) / len(running.values)
         if pid.endswith("#final"):     # the answer of a proxy search: not a search result
             self.final = "done"
@@ -450,6 +502,9 @@ class CellSearch:
         # a private draw is its (C, B, η) with its own seed; the others are their indices
         indices = self.cell.indices(*self.cell.draws[running.key][:3]) if self.cell.private else running.key
         self.finished[indices] = mean
+        self.scores[indices] = dict(running.scores)
+        if running.complete and running.scores.keys() == set(self.seeds):
+            self.complete.add(indices)
         if running.clipped and all(fully for _, fully in running.clipped.values()):
             self.fully_clipped.add(indices)
         if running.key in self.extended:   # bracketing's: no strategy proposed it

@@ -9,7 +9,7 @@ from typing import Callable, TextIO
 from ray import tune
 
 from ...schema import METRICS
-from ..store.layout import ExperimentPaths
+from ..store.layout import ExperimentPaths, added_trials
 from ..store.records import reported, stopped_early
 from .trial_errors import error_line
 
@@ -104,9 +104,8 @@ class TrialLines(tune.Callback):
         self._line(trial, "ERRORED", error_line(trial))
 
     def _added(self) -> str:
-        """``+N``: the trials bracketing added beyond the plan so far (read from its record)."""
-        added = sum(int(r.get("added", 0)) * int(r.get("seeds", 1))
-                    for r in (self.paths.saved_bracketing() if self.paths is not None else {}).values())
+        """``+N``: the trials bracketing and racing added beyond the plan so far (read from their record)."""
+        added = sum(map(added_trials, (self.paths.saved_bracketing() if self.paths is not None else {}).values()))
         return f"+{added}" if added else ""
 
     def _count(self) -> str:

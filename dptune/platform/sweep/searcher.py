@@ -34,6 +34,7 @@ from ray.tune.search import Searcher
 from pyarrow.fs import LocalFileSystem
 
 from .bracket import Bracket
+from .race import Race
 from ...search_spaces.search_sections import MODEL_BASED
 from .cell_search import GP, WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, Transfer, WarmStart
 from .starts import cell_starts, prior_optima
@@ -76,11 +77,13 @@ class SweepSearcher(Searcher):
         self.on_equivalent = on_equivalent
         #: where each cell's bracketing is kept as it goes (None: not kept)
         self.paths = paths
-        extensions = plan.space.search.bracket_extensions
+        extensions, max_seeds = plan.space.search.bracket_extensions, plan.space.search.racing_max_seeds
         self.cells = [CellSearch(cell, cell_strategy(plan, i, mode=mode, clip_equivalence=clip_equivalence,
                                                      warm_start=lambda i=i: self.warm_start_point(i)),
                                  plan.space.seeds, mode=mode,
-                                 bracket=Bracket(extensions) if extensions is not None and not cell.private else None)
+                                 bracket=Bracket(extensions) if extensions is not None and not cell.private else None,
+                                 race=Race.of(tuple(plan.space.seeds), max_seeds)
+                                 if max_seeds is not None and not cell.private else None)
                       for i, cell in enumerate(plan.cells)]
         search = plan.space.search
         if search.transfer_radius is not None:
@@ -204,14 +207,10 @@ class SweepSearcher(Searcher):
         return indices[0], nearest, indices[2]
 
     def save_bracketing(self) -> None:
-        """Keep every cell's bracketing record beside the experiment (the closing lines read it)."""
+        """Keep every cell's bracketing and racing record beside the experiment (the closing lines read it)."""
         if self.paths is not None:
-            self.paths.save_bracketing({c.cell.cell.key: {**c.bracket.record(), "seeds": len(c.seeds)}
-                                        for c in self.cells if c.bracket is not None})
-
-    def added(self) -> int:
-        """Trials bracketing added so far (each configuration once per seed)."""
-        return sum(c.bracket.added * len(c.seeds) for c in self.cells if c.bracket is not None)
+            self.paths.save_bracketing({c.cell.cell.key: c.growth_record() for c in self.cells
+                                        if c.bracket is not None or c.race is not None})
 
     # --- internals ---------------------------------------------------------------------------------
 
@@ -223,10 +222,9 @@ class SweepSearcher(Searcher):
             finished = False
             for i in range(self._cursor, len(self.cells)):
                 was_done = self.cells[i].done
-                rounds = self.cells[i].bracket.added if self.cells[i].bracket is not None else 0
+                before = self.cells[i].added_so_far()
                 proposed = self.cells[i].propose()
-                if self.cells[i].bracket is not None and (self.cells[i].bracket.added != rounds or
-                                                          self.cells[i].done != was_done):
+                if before is not None and (self.cells[i].added_so_far() != before or self.cells[i].done != was_done):
                     self.save_bracketing()
                 if proposed is None:
                     finished |= not was_done

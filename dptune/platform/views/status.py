@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 from ...errors import UserError
 from ...schema import HYPERPARAMETERS, METRICS, NON_PRIVATE_LABEL, figure, non_private
 from ..store.durable import read_json
-from ..store.layout import ExperimentPaths, filesystem
+from ..store.layout import ExperimentPaths, added_trials, filesystem
 from ..store.results_store import ResultsStore
 
 COLUMNS = ("cell", "finished", "running", "pending", "stopped", "errored", "best (mean over seeds)", "trial-epochs")
@@ -143,7 +143,7 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
         counts = mine["status"].value_counts() if "status" in mine else pd.Series(dtype=int)
         running = [r for r in live.values() if r.get("cell") == key]
         done_trials = int(counts.sum())
-        extra = int(brackets.get(key, {}).get("added", 0)) * int(brackets.get(key, {}).get("seeds", 1))
+        extra = added_trials(brackets.get(key, {}))
         planned = int(cell.get("trials", done_trials + len(running))) + extra
         added += extra
         pending = 0 if ended else max(planned - done_trials - len(running), 0)

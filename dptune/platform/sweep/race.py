@@ -1,0 +1,75 @@
+"""One cell's racing while the sweep runs (the rules: :mod:`dptune.search_spaces.racing`).
+
+Once a cell's search and bracketing have all their results, :meth:`Race.next_round` tests every
+configuration that trained to its end on all its seeds against the cell's optimum, with the error
+bars' own test corrected for the K settings and the L looks (:func:`~dptune.analysis.uncertainty.
+indistinguishable`); the contenders (those it cannot tell from the optimum, the optimum among them)
+get the next round's seeds they lack, the others nothing. The cell runs them (all seeds at once,
+left alone by the scheduler) and asks again, until one contender is left or the last round's seeds
+are in. Its state is part of the searcher's, so a resumed sweep continues the round it was in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ...analysis.uncertainty import ALPHA, indistinguishable
+from ...search_spaces.racing import seed_rounds
+from .bracket import Indices
+
+
+@dataclass
+class Race:
+    """A cell's racing: its seed rounds, the round it reached, the contenders of each round."""
+
+    rounds: list[tuple[int, ...]]
+    round: int = 0                       # the seed round the contenders have reached
+    added: int = 0                       # trials added (one per contender and new seed)
+    contenders: list[int] = field(default_factory=list)   # contenders per round run
+    settled: bool = False
+
+    @classmethod
+    def of(cls, seeds: tuple[int, ...], max_seeds: int) -> "Race":
+        return cls(seed_rounds(seeds, max_seeds))
+
+    @property
+    def looks(self) -> int:
+        """L: the tests a configuration may face (one per seed round)."""
+        return len(self.rounds)
+
+    def record(self) -> dict:
+        """What the experiment keeps of it (beside bracketing's, ``dptune-bracketing.json``)."""
+        return {"looks": self.looks, "seeds": len(self.rounds[self.round]), "added": self.added,
+                "contenders": list(self.contenders), "settled": self.settled}
+
+    def next_round(self, search: object) -> list[tuple[Indices, tuple[int, ...]]]:
+        """(configuration, the seeds it lacks) for each contender of the next round, or [] once the
+        cell is decided or its last round is in (``search``: the cell's
+        :class:`~.cell_search.CellSearch`, its results all in)."""
+        contenders = self.contending(search)
+        target = self.rounds[min(self.round + 1, len(self.rounds) - 1)]
+        needs = [(key, tuple(s for s in target if s not in search.scores[key])) for key in contenders]
+        needs = [(key, seeds) for key, seeds in needs if seeds]
+        if len(contenders) < 2 or not needs:
+            self.settled = True
+            return []
+        self.round = min(self.round + 1, len(self.rounds) - 1)
+        self.contenders.append(len(contenders))
+        self.added += sum(len(seeds) for _, seeds in needs)
+        return needs
+
+    def contending(self, search: object) -> list[Indices]:
+        """The configurations the test cannot tell from the cell's optimum (the optimum among them),
+        among those with a full result on every seed they ran."""
+        sign = 1.0 if search.mode == "max" else -1.0
+        scores = {key: values for key, values in search.scores.items()
+                  if key in search.complete and None not in values.values()}
+        if not scores:
+            return []
+        table = pd.DataFrame([{s: sign * v for s, v in values.items()} for values in scores.values()],
+                             index=pd.MultiIndex.from_tuples([("cell", *key) for key in scores],
+                                                             names=["cell_name", "c", "b", "m"]))
+        sets = indistinguishable(table, ALPHA, looks={"cell": self.looks})
+        keys = list(scores)
+        return [keys[i] for i in sets.index[sets["indistinguishable"]]]

@@ -1,0 +1,40 @@
+"""Racing: seeds spent where they decide.
+
+With a cell's search and bracketing done on the spec's seeds, the configurations that cannot be
+told from the cell's optimum (the contenders, by the same test as the error bars:
+:func:`dptune.analysis.uncertainty.indistinguishable`) get further seeds, the same new seeds for
+all of them, and the others none; the test is repeated, round after round, until every contender
+is told from the optimum or ``max_seeds`` is reached. The seeds of round r are fixed in advance
+(:func:`seed_rounds`: the count doubles each round, the new seeds being the smallest integers not
+yet used), so a cell makes at most :func:`looks` tests of each configuration whatever the data say.
+
+The error rate under this sequential use: a configuration as good as the optimum could be called
+"distinguishable" at any of the looks, so every test of a raced cell — the contenders' rounds and
+the closing lines' — is Bonferroni-corrected for the K settings compared *and* the L looks
+planned: p × K × L < α (the sweep records L per trial, ``looks``, for the analysis to read). Pure
+functions: the platform runs the rounds (:mod:`dptune.platform.sweep.race`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+#: Seeds per contender unless the spec says otherwise (``search: {racing: {max_seeds: N}}``).
+DEFAULT_MAX_SEEDS = 10
+
+
+def seed_rounds(seeds: Sequence[int], max_seeds: int) -> list[tuple[int, ...]]:
+    """The seed set of each look: the spec's seeds, then twice as many (at most ``max_seeds``), …;
+    new seeds are the smallest non-negative integers not in the spec's list."""
+    rounds = [tuple(seeds)]
+    used = set(seeds)
+    fresh = (s for s in range(len(seeds) + max_seeds + 1) if s not in used)
+    while len(rounds[-1]) < max_seeds:
+        count = min(max_seeds, 2 * len(rounds[-1])) - len(rounds[-1])
+        rounds.append(rounds[-1] + tuple(next(fresh) for _ in range(count)))
+    return rounds
+
+
+def looks(seeds: Sequence[int], max_seeds: int | None) -> int:
+    """How many times a cell tests its configurations against its optimum: 1 without racing (None),
+    else one per seed round (:func:`seed_rounds`)."""
+    return 1 if max_seeds is None else len(seed_rounds(seeds, max_seeds))
