@@ -7,6 +7,7 @@ from .bracketing import AXES, MIN_BATCH_SIZE
 from .planner import CellPlan, SweepPlan
 from .search_sections import MODEL_BASED
 from .proxy import MAX_AUTO_DIVISOR, MIN_AUTO_PROXY_BATCH, MIN_PROXY_SIGMA
+from .racing import seed_rounds
 
 
 def _count(value: float) -> str:
@@ -93,6 +94,12 @@ def _lever_lines(plan: CellPlan, source: CellPlan | None) -> list[str]:
     bracket = plan.space.search.bracket_extensions
     if bracket is not None and not plan.private:
         lines.append(f"  bracketing: {_bracket_text(plan, bracket)}")
+    max_seeds = plan.space.search.racing_max_seeds
+    if max_seeds is not None and not plan.private:
+        rounds = seed_rounds(plan.space.seeds, max_seeds)
+        lines.append(f"  racing: the configurations not distinguishable from the optimum get seeds in rounds of "
+                     f"{' → '.join(str(len(r)) for r in rounds)}, tests corrected for {len(rounds)} looks; ≤ "
+                     f"{max_seeds - len(plan.space.seeds)} trials added per contender")
     if source is not None:
         radius = plan.space.search.transfer_radius
         dims = (len(plan.clip_bounds), len(plan.searched_batch_sizes), len(plan.space.learning_rate.multipliers))

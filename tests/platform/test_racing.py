@@ -17,7 +17,7 @@ from scipy import stats
 from dptune.analysis.report import racing_text
 from dptune.analysis.uncertainty import ALPHA, indistinguishable
 from dptune.platform.sweep.searcher import SweepSearcher
-from dptune.search_spaces import SpecError
+from dptune.search_spaces import SpecError, format_plan
 from dptune.search_spaces.racing import looks, seed_rounds
 from ray.tune.search import Searcher
 from sweep_plans import digits_spec, plan_of
@@ -44,9 +44,10 @@ def planted(means: dict, rng_seed: int, noise: float):
     return accuracy
 
 
-def run(searcher: SweepSearcher, value, *, snapshot_at: int | None = None, tmp_path=None) -> list[dict]:
-    """Ray Tune's loop, one trial at a time; at ``snapshot_at`` the searcher is saved and a fresh one
-    restored from it (a resumed sweep) goes on."""
+def run(searcher: SweepSearcher, value, *, snapshot_at: int | None = None, tmp_path=None,
+        clipped=lambda config: False) -> list[dict]:
+    """Ray Tune's loop, one trial at a time (``clipped``: whether a trial clipped every example at every
+    step); at ``snapshot_at`` the searcher is saved and a fresh one restored from it (a resumed sweep) goes on."""
     out = []
     for i in itertools.count():
         if i == snapshot_at:
@@ -61,7 +62,8 @@ def run(searcher: SweepSearcher, value, *, snapshot_at: int | None = None, tmp_p
             return out
         assert config is not None and i < 2000
         out.append(config)
-        searcher.on_trial_complete(f"t{i}", {"test_accuracy": value(config), "step": 1, "steps": 1})
+        searcher.on_trial_complete(f"t{i}", {"test_accuracy": value(config), "step": 1, "steps": 1,
+                                             "fully_clipped": int(clipped(config))})
 
 
 def seeds_by_configuration(trials: list[dict]) -> dict[tuple, list[int]]:
@@ -97,6 +99,21 @@ def test_seeds_go_to_the_contenders_only_and_a_resumed_race_runs_nothing_twice(t
     assert contenders == {best, close}
     for key, got in seeds.items():
         assert sorted(got) == (list(range(10)) if key in contenders else list(SEEDS)), key
+
+
+def test_a_configuration_recorded_clip_equivalent_is_raced_on_trained_seeds():
+    """Clip-equivalence records a smaller C with its larger C's results instead of training it; those hold
+    for the seeds that clipped every example, not for racing's new seeds, which it then trains: left at
+    three seeds it would keep its source's three-seed mean while the source's own regresses over ten (the
+    default sweep's ε = 1 cell reported such an equivalent as its optimum)."""
+    keys = list(itertools.product(CLIPS, BATCHES, MULTIPLIERS))
+    means = {k: 0.6 for k in keys}
+    means[(1.0, 64, 2.0)] = means[(0.5, 64, 2.0)] = 0.9
+    trials = run(SweepSearcher(racing_plan(), metric="test_accuracy", mode="max"), planted(means, 11, 0.003),
+                 clipped=lambda c: c["clip_bound"] == 1.0 and c["batch_size"] == 64 and c["lr_multiplier"] == 2.0)
+    seeds = seeds_by_configuration(trials)
+    assert sorted(seeds[(1.0, 64, 2.0)]) == list(range(10))
+    assert sorted(seeds[(0.5, 64, 2.0)]) == list(range(3, 10))   # its first three were recorded equivalent
 
 
 def test_a_decided_cell_races_no_further():
@@ -143,6 +160,8 @@ def test_the_plan_says_racing_and_the_trials_carry_the_looks():
     plan = racing_plan()
     assert any(lever.key == "racing" and lever.on for lever in plan.space.levers)
     assert plan.cells[0].trial_config(1.0, 32, 1.0, 0)["looks"] == 3
+    assert ("racing: the configurations not distinguishable from the optimum get seeds in rounds of 3 → 6 → 10, "
+            "tests corrected for 3 looks; ≤ 7 trials added per contender") in format_plan(plan)
 
 
 def test_the_closing_lines_say_the_rounds_and_the_looks():

@@ -512,6 +512,9 @@ class CellSearch:
         equivalents = []
         for other in self.strategy.tell(Outcome(running.key, mean, running.clipped)):
             self.finished[other] = mean
+            self.scores[other] = dict(running.scores)   # its seeds' results are its source's; racing trains its new seeds
+            if indices in self.complete:
+                self.complete.add(other)
             self.handed_out += 1
             for config in self.trial_configs(other):
                 equivalents.append({"source": running.clipped[config["seed"]][0], "config": config})
