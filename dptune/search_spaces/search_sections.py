@@ -583,26 +583,27 @@ def parse_proxy(value: Any) -> int | str:
     return integer(value, "search.proxy.batch_divisor", ge=1)
 
 
-def parse_bracket(value: Any) -> int | None:
-    """``search.bracket: on | off | {max_extensions: N}`` (``true``/``false`` too): at most how many
-    extensions per axis and cell (``on``: :data:`~.bracketing.DEFAULT_MAX_EXTENSIONS`), or None: off."""
+def _on_off_or_limit(value: Any, name: str, key: str, default: int, least: int) -> int | None:
+    """``search.<name>: on | off | {<key>: N}`` (``true``/``false`` too): N (``on``: ``default``; N ≥
+    ``least``), or None: off."""
     if value is True or value == "on":
-        return DEFAULT_MAX_EXTENSIONS
+        return default
     if value is None or value is False or value in OFF:
         return None
-    raw = mapping(value, "search.bracket", ("max_extensions",))
-    return integer(raw.get("max_extensions", DEFAULT_MAX_EXTENSIONS), "search.bracket.max_extensions", ge=1)
+    raw = mapping(value, f"search.{name}", (key,))
+    return integer(raw.get(key, default), f"search.{name}.{key}", ge=least)
+
+
+def parse_bracket(value: Any) -> int | None:
+    """``search.bracket: on | off | {max_extensions: N}``: at most how many extensions per axis and
+    cell (``on``: :data:`~.bracketing.DEFAULT_MAX_EXTENSIONS`), or None: off."""
+    return _on_off_or_limit(value, "bracket", "max_extensions", DEFAULT_MAX_EXTENSIONS, 1)
 
 
 def parse_racing(value: Any) -> int | None:
-    """``search.racing: on | off | {max_seeds: N}`` (``true``/``false`` too): at most how many seeds a
-    contender gets (``on``: :data:`~.racing.DEFAULT_MAX_SEEDS`), or None: off."""
-    if value is True or value == "on":
-        return DEFAULT_MAX_SEEDS
-    if value is None or value is False or value in OFF:
-        return None
-    raw = mapping(value, "search.racing", ("max_seeds",))
-    return integer(raw.get("max_seeds", DEFAULT_MAX_SEEDS), "search.racing.max_seeds", ge=2)
+    """``search.racing: on | off | {max_seeds: N}``: at most how many seeds a contender gets (``on``:
+    :data:`~.racing.DEFAULT_MAX_SEEDS`), or None: off."""
+    return _on_off_or_limit(value, "racing", "max_seeds", DEFAULT_MAX_SEEDS, 2)
 
 
 def parse_pack(value: Any) -> tuple[bool, int | None]:
