@@ -10,7 +10,8 @@ with the best. Against the *selected* best an uncorrected test at α says "disti
 setting as good as the best far more often than α (simulated on cells of equal settings, three
 seeds: 0.10 of the statements at K = 2, 0.31 at K = 75), since b is the largest of K noisy means; with
 the correction each statement about a setting as good as the best is false with probability at most
-α (the p-values reported are the corrected ones, min(1, K·p)). A raced cell (``search.racing``) tests
+α (the p-values reported are the corrected ones, min(1, K·p); computed by
+:func:`dptune.search_spaces.comparisons.against_best`, which racing shares). A raced cell (``search.racing``) tests
 its contenders again as their seeds grow, up to L looks: its p-values are multiplied by K·L
 (:mod:`dptune.search_spaces.racing`; the trials record L, ``looks``). Pairing by seed is what makes a few seeds enough: in reproducible
 mode the seeds share batches and noise across the settings of a cell (common random numbers), so
@@ -35,12 +36,11 @@ import pandas as pd
 from scipy import stats
 
 from ..schema import HYPERPARAMETERS
+from ..search_spaces.comparisons import ALPHA, against_best
 
 if TYPE_CHECKING:
     from .results import Sweep
 
-#: Level of the paired one-sided test (and 1 − the interval's confidence).
-ALPHA = 0.05
 #: A configuration of a cell: the trial schema's hyperparameters (C, B, η).
 SETTING = list(HYPERPARAMETERS)
 SINGLE_SEED = ("one seed per setting: no error bars — the optimum cannot be told from its neighbours "
@@ -86,26 +86,12 @@ def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA, signs: dict[str
     rows = []
     for cell, block in table.groupby(level="cell_name"):
         values = block.to_numpy(dtype=float)
+        best, p = against_best(values, looks.get(cell, 1))
         means = np.nanmean(values, axis=1)
-        best = int(np.nanargmax(means))   # the first of equal bests, as idxmax
         for i, key in enumerate(block.index):
-            shared = ~np.isnan(values[i]) & ~np.isnan(values[best])
-            p = math.nan
-            if i == best:
-                p = 1.0
-            elif shared.sum() >= 2:
-                diff = values[best][shared] - values[i][shared]
-                if np.allclose(diff, diff[0]):   # no spread: equal means tie, any gap is certain
-                    p = 1.0 if diff[0] <= 0 else 0.0
-                else:
-                    p = float(stats.ttest_rel(values[best][shared], values[i][shared], alternative="greater").pvalue)
             rows.append({"cell_name": cell, **dict(zip(SETTING, key[1:])),
                          "accuracy": signs.get(cell, 1.0) * float(means[i]),
-                         "seeds": int((~np.isnan(values[i])).sum()), "p_value": p, "best": i == best})
-        compared = sum(not math.isnan(r["p_value"]) for r in rows if r["cell_name"] == cell)   # K, the best's 1.0 too
-        for r in rows:
-            if r["cell_name"] == cell and not r["best"] and not math.isnan(r["p_value"]):
-                r["p_value"] = min(1.0, compared * looks.get(cell, 1) * r["p_value"])
+                         "seeds": int((~np.isnan(values[i])).sum()), "p_value": float(p[i]), "best": i == best})
     for r in rows:
         r["indistinguishable"] = bool(r["best"] or (not math.isnan(r["p_value"]) and r["p_value"] >= alpha))
     return pd.DataFrame(rows)

@@ -2,7 +2,7 @@
 
 With a cell's search and bracketing done on the spec's seeds, the configurations that cannot be
 told from the cell's optimum (the contenders, by the same test as the error bars:
-:func:`dptune.analysis.uncertainty.indistinguishable`) get further seeds, the same new seeds for
+:func:`~.comparisons.against_best`) get further seeds, the same new seeds for
 all of them, and the others none; the test is repeated, round after round, until every contender
 is told from the optimum or ``max_seeds`` is reached. The seeds of round r are fixed in advance
 (:func:`seed_rounds`: the count doubles each round, the new seeds being the smallest integers not

@@ -139,7 +139,7 @@ def test_a_sweep_says_per_cell_that_it_bracketed_and_counts_what_it_added(rigged
     optimum = pd.read_csv(tmp_path / "analysis" / "optima.csv").iloc[0]
     assert optimum["bracketing"] == f"bracketed (+{added} trials beyond the grid)"
     assert (optimum["clip_bound"], optimum["learning_rate"]) == pytest.approx((1.0, 0.5))
-    assert f"with {added} trial(s) bracketing added" in read_status(str(settings.paths.root)).render()
+    assert f"with {added} trial(s) bracketing or racing added" in read_status(str(settings.paths.root)).render()
 
 
 def test_a_sweep_killed_in_an_extension_resumes_it_without_running_anything_twice(tmp_path):

@@ -22,7 +22,7 @@ TERMINAL_REFRESH_S = 1.0
 class TrialLines(tune.Callback):
     """Prints ``[k/total] status cell C B η: the selected metric, ε spent (seconds)`` when a trial ends,
     and an ERRORED trial's error in its last line (the traceback stays in the trial's error file);
-    with ``paths``, the total counts the trials bracketing added so far (``[k/total+added]``).
+    with ``paths``, the total counts the trials bracketing and racing added so far (``[k/total+added]``).
 
     While trials run and nothing was printed for a while (:data:`LIVE_AFTER_S`), a live line says how
     many run and where the slowest stands (step of T, seconds): on a terminal one line rewritten in

@@ -2,8 +2,8 @@
 
 Once a cell's search and bracketing have all their results, :meth:`Race.next_round` tests every
 configuration that trained to its end on all its seeds against the cell's optimum, with the error
-bars' own test corrected for the K settings and the L looks (:func:`~dptune.analysis.uncertainty.
-indistinguishable`); the contenders (those it cannot tell from the optimum, the optimum among them)
+bars' own test corrected for the K settings and the L looks
+(:func:`~dptune.search_spaces.comparisons.against_best`); the contenders (those it cannot tell from the optimum, the optimum among them)
 get the next round's seeds they lack, the others nothing. The cell runs them (all seeds at once,
 left alone by the scheduler) and asks again, until one contender is left or the last round's seeds
 are in. Its state is part of the searcher's, so a resumed sweep continues the round it was in.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pandas as pd
+import numpy as np
 
-from ...analysis.uncertainty import ALPHA, indistinguishable
+from ...search_spaces.comparisons import ALPHA, against_best
 from ...search_spaces.racing import seed_rounds
 from .bracket import Indices
 
@@ -67,9 +67,7 @@ class Race:
                   if key in search.complete and None not in values.values()}
         if not scores:
             return []
-        table = pd.DataFrame([{s: sign * v for s, v in values.items()} for values in scores.values()],
-                             index=pd.MultiIndex.from_tuples([("cell", *key) for key in scores],
-                                                             names=["cell_name", "c", "b", "m"]))
-        sets = indistinguishable(table, ALPHA, looks={"cell": self.looks})
-        keys = list(scores)
-        return [keys[i] for i in sets.index[sets["indistinguishable"]]]
+        seeds = sorted({s for values in scores.values() for s in values})
+        table = np.array([[sign * values.get(s, np.nan) for s in seeds] for values in scores.values()], dtype=float)
+        best, p = against_best(table, self.looks)
+        return [key for i, key in enumerate(scores) if i == best or p[i] >= ALPHA]

@@ -55,7 +55,7 @@ class SweepStatus:
     pending: int
     unrun: int = 0        # the driver ended with this many planned trials not run (`dptune resume` runs them)
     metrics: tuple = ()   # the metrics the best column holds (those a store's trials selected on)
-    added: int = 0        # trials bracketing added beyond the plan so far (counted in ``planned``)
+    added: int = 0        # trials bracketing and racing added beyond the plan so far (counted in ``planned``)
     errors: tuple = ()    # the errored trials (:class:`TrialError`), as many as the store holds
 
     @property
@@ -75,7 +75,7 @@ class SweepStatus:
         share = self.spent / self.planned if self.planned else 1.0
         tail = f"trial-epochs {self.spent:g} of at most {self.planned:g} planned ({share:.0%})"
         if self.added:
-            tail += f" (with {self.added} trial(s) bracketing added beyond the plan)"
+            tail += f" (with {self.added} trial(s) bracketing or racing added beyond the plan)"
         if self.done:
             tail += "; nothing running or pending"
             if self.unrun:
@@ -137,7 +137,7 @@ def read_status(path: str, now: float | None = None) -> SweepStatus:
     plan_fs, plan_path = filesystem(paths.plan)
     started = plan_fs.get_file_info(plan_path).mtime
     rows, spent_total, planned_total, running_total, pending_total = [], 0.0, 0.0, 0, 0
-    brackets, added = paths.saved_bracketing(), 0   # trials bracketing added beyond the plan, per cell
+    brackets, added = paths.saved_bracketing(), 0   # trials bracketing and racing added beyond the plan, per cell
     for key, cell in plan["cells"].items():
         mine = trials[trials["cell"] == key] if "cell" in trials else trials.iloc[0:0]
         counts = mine["status"].value_counts() if "status" in mine else pd.Series(dtype=int)
