@@ -35,9 +35,9 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
   default; off under private selection (its K trials are drawn in advance).
 
 - **racing** (``search.racing``, :mod:`.racing`): the configurations a cell cannot tell from its optimum
-  get further seeds, up to ``max_seeds``. Off unless named (``racing: on`` or ``{max_seeds: N}``): its
-  cost on the default sweep is not yet measured against the 1.5× the default may spend; refused under
-  private selection and with one seed.
+  get further seeds, up to ``max_seeds``. Off unless named (``racing: on`` or ``{max_seeds: N}``): on the
+  default sweep it took 2.9× the wall time (BENCHMARKS.md, session 21), above the 1.5× the default may
+  spend; refused under private selection, with one seed and with proxy runs.
 
 Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``, ``pack: off``,
 ``bracket: off``.

@@ -299,11 +299,15 @@ class Transfer:
         return [(ci, bi, mi) for ci in ranges[0] for bi in ranges[1] for mi in ranges[2]]
 
 
+def _mean(scores: dict) -> Optional[float]:
+    """The mean of a configuration's results over its seeds; None when a seed failed or had none."""
+    return None if None in scores.values() else sum(scores.values()) / len(scores)
+
+
 @dataclass
 class _Running:
     key: object
     remaining: int                       # seeds handed out and still running
-    values: list = field(default_factory=list)
     clipped: dict = field(default_factory=dict)
     scores: dict = field(default_factory=dict)   # seed → its result (None: failed or none)
     complete: bool = True                # every seed trained to its last step
@@ -323,7 +327,7 @@ class CellSearch:
         self.cell, self.strategy, self.seeds, self.mode = cell, strategy, tuple(seeds), mode
         self.bracket, self.race = bracket, race
         self.race_queue: deque = deque()   # racing's (configuration, its new seeds) still to hand out
-        self.scores: dict[Indices, dict] = {}   # configuration → {seed: result} (trained, not equivalent)
+        self.scores: dict[Indices, dict] = {}   # configuration → {seed: result} (an equivalent's: its source's)
         self.complete: set = set()         # configurations that trained to their last step on every seed
         self.extra: deque = deque()     # bracketing's configurations still to hand out
         self.extended: set = set()      # bracketing's configurations (the strategy never proposed them)
@@ -475,8 +479,7 @@ class CellSearch:
         configuration on all its seeds (they never run). Returns the trials recorded as equivalent
         (clip-equivalence), each ``{"source": Ray trial id of the same seed, "config": its trial config}``."""
         running = self.running[pid]
-        running.values.append(value if value is not None and math.isfinite(value) else None)
-        running.scores[seed] = running.values[-1]
+        running.scores[seed] = value if value is not None and math.isfinite(value) else None
         running.complete &= completed
         running.clipped[seed] = (trial_id, fully_clipped)
         running.remaining -= 1
@@ -493,9 +496,9 @@ class CellSearch:
             scores.update(running.scores)
             if not running.complete:
                 self.complete.discard(running.key)
-            self.finished[running.key] = None if None in scores.values() else sum(scores.values()) / len(scores)
+            self.finished[running.key] = _mean(scores)
             return []
-        mean = None if None in running.values else sum(running.values) / len(running.values)
+        mean = _mean(running.scores)
         if pid.endswith("#final"):     # the answer of a proxy search: not a search result
             self.final = "done"
             return []
