@@ -60,7 +60,7 @@ class SweepOutcome:
 
 
 def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool = True,
-            out: TextIO = sys.stdout, address: str | None = None, start_local_ray: bool = False,
+            out: TextIO | None = None, address: str | None = None, start_local_ray: bool = False,
             check: Callable[[RunSettings], None] | None = None,
             verbose: bool = False) -> tuple[SweepPlan, RunSettings]:
     """Validate and plan a spec (the embedded default when None) before any trial is launched.
@@ -97,7 +97,7 @@ def prepare(spec_path: str | None, *, storage: str | None = None, progress: bool
 
 
 def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = None,
-              out: TextIO = sys.stdout, trainable: Callable[[dict], None] | None = None) -> SweepOutcome:
+              out: TextIO | None = None, trainable: Callable[[dict], None] | None = None) -> SweepOutcome:
     """Run every trial of ``plan`` on Ray Tune; the store callback writes each one as it ends.
     Trials get flat configs (:mod:`dptune.platform.sweep.trial_config`); the spec's scheduler, if any, stops hopeless
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
@@ -126,7 +126,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
 
 
 def resume_sweep(root: str, *, restart_errored: bool = False, address: str | None = None,
-                 out: TextIO = sys.stdout, trainable: Callable[[dict], None] | None = None) -> SweepOutcome:
+                 out: TextIO | None = None, trainable: Callable[[dict], None] | None = None) -> SweepOutcome:
     """Continue an interrupted sweep: unfinished trials resume from their checkpoints, errored
     ones resume (or restart from scratch), finished ones are kept; the searcher's state is restored.
     A configuration the results store holds as ended is not trained again (see :mod:`dptune.platform.sweep.kept`); one
@@ -186,7 +186,7 @@ def _load_settings(paths: ExperimentPaths) -> RunSettings:
 
 
 def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSearcher | None,
-             out: TextIO = sys.stdout) -> SweepOutcome:
+             out: TextIO | None = None) -> SweepOutcome:
     write_equivalent_rows(settings.paths.absolute())   # clip-equivalent trials: recorded, not trained
     release_selections(results, settings.paths.absolute(), out=out)   # private selection: best trial, tested once
     # stopped trials count as finished here; a pack counts its members, each by its own ending

@@ -32,7 +32,7 @@ def selected_test_accuracy(state: dict) -> float:
     return float(trainer.task.evaluate(trainer.model, trainer.data.test, trainer.device, "test")["test_accuracy"])
 
 
-def release_selections(results: Iterable, paths: ExperimentPaths, *, out: TextIO = sys.stdout) -> list[dict]:
+def release_selections(results: Iterable, paths: ExperimentPaths, *, out: TextIO | None = None) -> list[dict]:
     """Release every private cell of a finished sweep; returns the rows written (one per cell released
     now). The scores come from the store (written as each trial ended, so a resumed sweep's kept trials
     count too); the winner's model from its checkpoint in ``results`` (Ray Tune's ResultGrid)."""

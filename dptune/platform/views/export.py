@@ -87,7 +87,7 @@ def release_record(row: pd.Series, config: dict) -> dict:
     return record
 
 
-def export_release(store: str, out_dir: str, *, trial_id: str | None = None, out: TextIO = sys.stdout) -> list[str]:
+def export_release(store: str, out_dir: str, *, trial_id: str | None = None, out: TextIO | None = None) -> list[str]:
     """Export the release of a local experiment (see the module docstring); returns the folders written."""
     from safetensors.torch import save_file
 
