@@ -15,7 +15,9 @@ the correction each statement about a setting as good as the best is false with 
 its contenders again as their seeds grow, up to L looks: its p-values are multiplied by K·L
 (:mod:`dptune.search_spaces.racing`; the trials record L, ``looks``). Pairing by seed is what makes a few seeds enough: in reproducible
 mode the seeds share batches and noise across the settings of a cell (common random numbers), so
-most of the seed-to-seed spread cancels in the differences. The indistinguishable set is the error
+most of the seed-to-seed spread cancels in the differences. A cell whose trials ran with secure
+randomness shares nothing between runs of the same seed: it is compared unpaired (Welch's t-test,
+same correction). The indistinguishable set is the error
 bar of the optimum: drawn outlined on the heatmaps, its range of C, B and η written to ``optima.csv``
 beside a t-interval of the best setting's mean accuracy.
 
@@ -74,19 +76,27 @@ def cell_looks(trials: pd.DataFrame) -> dict[str, int]:
     return {cell: int(v) for cell, v in trials.groupby("cell_name")["looks"].max().dropna().items()}
 
 
+def cell_paired(trials: pd.DataFrame) -> dict[str, bool]:
+    """Each cell: whether its runs are paired by seed (False where any ran with secure randomness; a
+    store without the column predates secure mode, so its runs were seeded)."""
+    if "randomness" not in trials:
+        return {}
+    return {cell: not (modes == "secure").any() for cell, modes in trials.groupby("cell_name")["randomness"]}
+
+
 def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA, signs: dict[str, float] | None = None,
-                      looks: dict[str, int] | None = None) -> pd.DataFrame:
+                      looks: dict[str, int] | None = None, paired: dict[str, bool] | None = None) -> pd.DataFrame:
     """Per (cell, setting) of a :func:`per_seed` table: its seed-mean (in the metric's own units:
-    ``signs`` from :func:`cell_signs`, +1 when not given), seeds, the one-sided paired p-value of
-    "the cell's best is better" corrected for the selection and for racing's repeated tests (× K·L: K
-    the settings compared, L the cell's ``looks`` from :func:`cell_looks`, 1 when not given; see the
-    module docstring), and ``indistinguishable`` (p ≥ alpha, or the best itself; False where fewer
+    ``signs`` from :func:`cell_signs`, +1 when not given), seeds, the one-sided p-value of "the cell's
+    best is better" (paired, or Welch's where ``paired`` from :func:`cell_paired` says False) corrected
+    for the selection and for racing's repeated tests (× K·L: K the settings compared, L the cell's
+    ``looks`` from :func:`cell_looks`, 1 when not given; see the module docstring), and ``indistinguishable`` (p ≥ alpha, or the best itself; False where fewer
     than two seeds are shared: no test)."""
-    signs, looks = signs or {}, looks or {}
+    signs, looks, paired = signs or {}, looks or {}, paired or {}
     rows = []
     for cell, block in table.groupby(level="cell_name"):
         values = block.to_numpy(dtype=float)
-        best, p = against_best(values, looks.get(cell, 1))
+        best, p = against_best(values, looks.get(cell, 1), paired.get(cell, True))
         means = np.nanmean(values, axis=1)
         for i, key in enumerate(block.index):
             rows.append({"cell_name": cell, **dict(zip(SETTING, key[1:])),
@@ -157,7 +167,7 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
     if table.empty or int(table.notna().sum(axis=1).max()) < 2:
         return heatmap.assign(indistinguishable=False), optima, [SINGLE_SEED] if not table.empty else []
     signs = cell_signs(sweep.trials)
-    sets = indistinguishable(table, signs=signs, looks=cell_looks(sweep.trials))
+    sets = indistinguishable(table, signs=signs, looks=cell_looks(sweep.trials), paired=cell_paired(sweep.trials))
     keys = ["cell_name", *SETTING]
     heatmap = heatmap.merge(sets[keys + ["indistinguishable", "p_value"]], on=keys, how="left")
     heatmap["indistinguishable"] = heatmap["indistinguishable"].fillna(False).astype(bool)

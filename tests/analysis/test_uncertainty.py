@@ -11,8 +11,8 @@ from scipy import stats
 
 from dptune.analysis.report import analyse, optimum_lines
 from dptune.analysis.results import Sweep
-from dptune.analysis.uncertainty import (ALPHA, SINGLE_SEED, compare_optima, indistinguishable, optimum_intervals,
-                                         per_seed, with_error_bars)
+from dptune.analysis.uncertainty import (ALPHA, SINGLE_SEED, cell_paired, compare_optima, indistinguishable,
+                                         optimum_intervals, per_seed, with_error_bars)
 from dptune.analysis import figures
 from dptune.platform.store.results_store import ResultsStore
 
@@ -73,6 +73,50 @@ def test_on_cells_of_equal_settings_at_most_alpha_of_the_statements_are_false(se
     rows = [row for cell in range(cells)
             for row in trials(planted({(float(c), 64, 1.0): 0.8 for c in range(1, settings + 1)}, 3, rng), float(cell))]
     sets = indistinguishable(per_seed(Sweep.from_frame(pd.DataFrame(rows)).trials))
+    statements = sets[~sets.best]
+    assert len(statements) == cells * (settings - 1)
+    false_rate = 1 - statements.indistinguishable.mean()
+    assert false_rate <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / len(statements)), false_rate
+
+
+def secure_rows(accuracies: dict, cell: float = 1.0) -> list[dict]:
+    """Rows of one cell run with secure randomness: {(C, B, η): {seed: accuracy}}."""
+    return [{**row, "seed": seed, "accuracy": acc, "randomness": "secure",
+             "trial_id": f"{row['trial_id']}-s{seed}"}
+            for key, values in accuracies.items() for seed, acc in values.items()
+            for row in trials({key: [acc]}, cell)]
+
+
+def test_under_secure_randomness_the_p_values_are_welchs():
+    """A secure run's seed fixes none of its noise: settings are compared unpaired, each on its own runs
+    (the third shares no seed with the best, so a paired test has none), by Welch's t computed here."""
+    acc = {(1.0, 64, 1.0): {0: 0.80, 1: 0.84, 2: 0.78, 3: 0.82, 4: 0.83},
+           (0.1, 64, 1.0): {0: 0.70, 1: 0.76, 2: 0.74},
+           (10.0, 64, 1.0): {7: 0.79, 8: 0.75, 9: 0.77, 10: 0.72}}
+    sweep = Sweep.from_frame(pd.DataFrame(secure_rows(acc)))
+    table = per_seed(sweep.trials)
+    sets = indistinguishable(table, paired=cell_paired(sweep.trials))
+    best = np.array(list(acc[(1.0, 64, 1.0)].values()))
+    for key in [(0.1, 64, 1.0), (10.0, 64, 1.0)]:
+        other = np.array(list(acc[key].values()))
+        va, vb = best.var(ddof=1) / len(best), other.var(ddof=1) / len(other)
+        t = (best.mean() - other.mean()) / math.sqrt(va + vb)
+        df = (va + vb) ** 2 / (va ** 2 / (len(best) - 1) + vb ** 2 / (len(other) - 1))
+        row = sets[sets.clip_bound == key[0]].iloc[0]
+        assert row.p_value == pytest.approx(min(1.0, 3 * stats.t.sf(t, df)), rel=1e-9)   # K = 3
+    assert math.isnan(indistinguishable(table).set_index("clip_bound").loc[10.0, "p_value"])   # paired: no test
+
+
+def test_on_secure_cells_of_equal_settings_at_most_alpha_of_the_statements_are_false():
+    """Null cells under secure randomness (every run an independent draw, three seeds, five settings):
+    Welch's test × K keeps the false statements at most α (uncorrected it is 0.13 here)."""
+    rng = np.random.default_rng(3)
+    cells, settings = 300, 5
+    rows = [row for cell in range(cells)
+            for row in secure_rows({(float(c), 64, 1.0): dict(enumerate(0.8 + rng.normal(0, 0.02, 3)))
+                                    for c in range(1, settings + 1)}, float(cell))]
+    sweep = Sweep.from_frame(pd.DataFrame(rows))
+    sets = indistinguishable(per_seed(sweep.trials), paired=cell_paired(sweep.trials))
     statements = sets[~sets.best]
     assert len(statements) == cells * (settings - 1)
     false_rate = 1 - statements.indistinguishable.mean()

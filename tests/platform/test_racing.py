@@ -27,18 +27,19 @@ SEEDS = (0, 1, 2)
 CELLS = 1000   # null cells: the false rate's standard error about 0.006 at 0.04
 
 
-def racing_plan(max_seeds: int = 10, seeds=SEEDS, **search):
+def racing_plan(max_seeds: int = 10, seeds=SEEDS, trial=None, **search):
     return plan_of(digits_spec(epsilon=[4.0], batch_size=list(BATCHES), clip_bound=list(CLIPS),
-                               multipliers=list(MULTIPLIERS), seeds=list(seeds),
+                               multipliers=list(MULTIPLIERS), seeds=list(seeds), trial=trial,
                                search={"racing": {"max_seeds": max_seeds}, **search}))
 
 
-def planted(means: dict, rng_seed: int, noise: float):
-    """accuracy = the configuration's mean + a shift shared by the seed's runs + its own noise."""
+def planted(means: dict, rng_seed: int, noise: float, shared_sd: float = 0.05):
+    """accuracy = the configuration's mean + a shift shared by the seed's runs (``shared_sd``; none under
+    secure randomness, whose runs share nothing) + its own noise."""
     def accuracy(config: dict) -> float:
         key = (config["clip_bound"], config["batch_size"], config["lr_multiplier"])
         seed = int(config["seed"])
-        shared = np.random.default_rng([rng_seed, seed]).normal(0, 0.05)
+        shared = np.random.default_rng([rng_seed, seed]).normal(0, shared_sd)
         own = np.random.default_rng([rng_seed, seed, *[int(v * 1000) for v in key]]).normal(0, noise)
         return float(means[key] + shared + own)
     return accuracy
@@ -99,6 +100,33 @@ def test_seeds_go_to_the_contenders_only_and_a_resumed_race_runs_nothing_twice(t
     assert contenders == {best, close}
     for key, got in seeds.items():
         assert sorted(got) == (list(range(10)) if key in contenders else list(SEEDS)), key
+
+
+def test_under_secure_randomness_the_contenders_are_welchs():
+    """Secure runs of one seed share nothing, so racing compares them unpaired: on a planted cell where
+    scipy's Welch test (× K·L) and the paired test pick different contenders, the seeds go to Welch's."""
+    keys = list(itertools.product(CLIPS, BATCHES, MULTIPLIERS))
+    means = {k: 0.9 - 0.004 * i for i, k in enumerate(keys)}
+
+    def contenders(first: dict, test) -> set:
+        top = max(keys, key=lambda k: np.mean(first[k]))
+        return {k for k in keys if k == top or min(1.0, 12 * 3 * test(first[top], first[k]).pvalue) >= ALPHA}
+
+    welch = lambda a, b: stats.ttest_ind(a, b, equal_var=False, alternative="greater")   # noqa: E731
+    paired = lambda a, b: stats.ttest_rel(a, b, alternative="greater")                   # noqa: E731
+    for rng_seed in range(100):   # the first planted cell where the two tests disagree
+        value = planted(means, rng_seed, noise=0.004, shared_sd=0.0)
+        first = {k: [value({"clip_bound": k[0], "batch_size": k[1], "lr_multiplier": k[2], "seed": s}) for s in SEEDS]
+                 for k in keys}
+        if contenders(first, welch) != contenders(first, paired):
+            break
+    else:
+        pytest.fail("no planted cell separates the two tests")
+    plan = racing_plan(trial={"randomness": "secure"})
+    trials = run(SweepSearcher(plan, metric="test_accuracy", mode="max"), value)
+    first_round = next(i for i, t in enumerate(trials) if int(t["seed"]) == 6)   # the second round starts
+    raced = {k for k, got in seeds_by_configuration(trials[:first_round]).items() if 3 in got}
+    assert raced == contenders(first, welch) and len(raced) >= 2
 
 
 def test_a_configuration_recorded_clip_equivalent_is_raced_on_trained_seeds():

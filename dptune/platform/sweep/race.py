@@ -24,14 +24,15 @@ class Race:
     """A cell's racing: its seed rounds, the round it reached, the contenders of each round."""
 
     rounds: list[tuple[int, ...]]
+    paired: bool = True                  # runs paired by seed (reproducible); Welch's test under secure randomness
     round: int = 0                       # the seed round the contenders have reached
     added: int = 0                       # trials added (one per contender and new seed)
     contenders: list[int] = field(default_factory=list)   # contenders per round run
     settled: bool = False
 
     @classmethod
-    def of(cls, seeds: tuple[int, ...], max_seeds: int) -> "Race":
-        return cls(seed_rounds(seeds, max_seeds))
+    def of(cls, seeds: tuple[int, ...], max_seeds: int, paired: bool = True) -> "Race":
+        return cls(seed_rounds(seeds, max_seeds), paired)
 
     @property
     def looks(self) -> int:
@@ -69,5 +70,5 @@ class Race:
             return []
         seeds = sorted({s for values in scores.values() for s in values})
         table = np.array([[sign * values.get(s, np.nan) for s in seeds] for values in scores.values()], dtype=float)
-        best, p = against_best(table, self.looks)
+        best, p = against_best(table, self.looks, self.paired)
         return [key for i, key in enumerate(scores) if i == best or p[i] >= ALPHA]

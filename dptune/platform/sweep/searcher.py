@@ -82,7 +82,8 @@ class SweepSearcher(Searcher):
                                                      warm_start=lambda i=i: self.warm_start_point(i)),
                                  plan.space.seeds, mode=mode,
                                  bracket=Bracket(extensions) if extensions is not None and not cell.private else None,
-                                 race=Race.of(tuple(plan.space.seeds), max_seeds)
+                                 race=Race.of(tuple(plan.space.seeds), max_seeds,
+                                              paired=plan.space.trial.config().get("randomness") != "secure")
                                  if max_seeds is not None and not cell.private else None)
                       for i, cell in enumerate(plan.cells)]
         search = plan.space.search
