@@ -9,7 +9,8 @@ from dptune.search_spaces import Catalog, SweepPlan, load_spec, plan_sweep
 #: Every lever named off (dptune turns unnamed ones on where they are safe: search_spaces/levers.py):
 #: tests of other parts of a sweep run exactly the trials they list; the levers' own tests name what
 #: they test, and tests/search_spaces/test_levers.py checks the defaults.
-LEVERS_OFF = {"scheduler": "none", "proxy": "off", "transfer": "off", "pack": "off", "bracket": "off"}
+LEVERS_OFF = {"scheduler": "none", "proxy": "off", "transfer": "off", "pack": "off", "bracket": "off",
+              "racing": "off"}
 
 
 def levers_off(search: dict | None = None) -> dict:

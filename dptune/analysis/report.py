@@ -238,7 +238,9 @@ def racing_text(record: dict | None) -> str:
     contenders = " → ".join(str(n) for n in racing.get("contenders", []))
     rounds = (f"contenders {contenders} given more seeds, up to {racing['seeds']} seeds" if contenders
               else "no contender to race")
-    return (f"raced: {rounds} (+{racing.get('added', 0)} trials; tests corrected for {racing['looks']} looks)"
+    left = racing.get("left_out", 0)
+    budget = f"; {left} contender(s) left on fewer seeds by the budget of {racing.get('allowance')} trials" if left else ""
+    return (f"raced: {rounds} (+{racing.get('added', 0)} trials; tests corrected for {racing['looks']} looks{budget})"
             + ("" if racing.get("settled") else ", unfinished"))
 
 

@@ -35,12 +35,13 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
   default; off under private selection (its K trials are drawn in advance).
 
 - **racing** (``search.racing``, :mod:`.racing`): the configurations a cell cannot tell from its optimum
-  get further seeds, up to ``max_seeds``. Off unless named (``racing: on`` or ``{max_seeds: N}``): on the
-  default sweep it took 2.9× the wall time (BENCHMARKS.md, session 21), above the 1.5× the default may
-  spend; refused under private selection, with one seed and with proxy runs.
+  get further seeds, up to ``max_seeds``, nearest the optimum first, within a budget (``max_added``: at
+  most 0.5× the cell's trials by default; without it racing took 2.9× the default sweep's wall time,
+  BENCHMARKS.md, session 21). On by default with two seeds or more; off under private selection (one
+  seed each, drawn in advance) and with proxy runs (they rank at another scale).
 
 Each is turned off by name: ``scheduler: none``, ``proxy: off``, ``transfer: off``, ``pack: off``,
-``bracket: off``.
+``bracket: off``, ``racing: off``.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, Collection
 
 from ..privacy.schedule import epoch_end_steps
 from .bracketing import DEFAULT_MAX_EXTENSIONS
+from .racing import DEFAULT_MAX_SEEDS
 from .search_sections import MODEL_BASED, Scheduler, Search
 
 if TYPE_CHECKING:
@@ -166,16 +168,34 @@ def resolve_levers(space: "SearchSpace", packable: Collection[str] = ()) -> tupl
                                              "per axis and cell); `search: {bracket: off}` turns it off"
                             + _selection_split(space)))
 
-    if search.racing_max_seeds is not None:
-        levers.append(Lever("racing", True, f"named in the spec: the configurations a cell cannot tell from its "
-                                            f"optimum get further seeds, up to {search.racing_max_seeds} each"))
-    elif not private and seeds > 1:
-        levers.append(Lever("racing", False, "off unless named: `search: {racing: {max_seeds: 10}}` gives the "
-                                             "configurations a cell cannot tell from its optimum further seeds"))
+    max_seeds = search.racing_max_seeds
+    if "racing" in search.named:
+        levers.append(Lever("racing", max_seeds is not None, f"named in the spec: {_racing_text(search)}"
+                            if max_seeds is not None else "named off in the spec"))
+    elif private:
+        levers.append(Lever("racing", False, "private selection: its K trials are drawn in advance, one seed each"))
+    elif seeds < 2:
+        levers.append(Lever("racing", False, "one seed: nothing to test a contender against the optimum with"))
+    elif divisor != 1:
+        levers.append(Lever("racing", False, "proxy runs rank configurations at B/k, racing compares full-scale seeds"))
+    else:
+        max_seeds = DEFAULT_MAX_SEEDS
+        levers.append(Lever("racing", True, f"on by default with {seeds} seeds: "
+                            f"{_racing_text(dataclasses.replace(search, racing_max_seeds=max_seeds))}; "
+                            "`search: {racing: off}` turns it off"))
 
     resolved = dataclasses.replace(search, scheduler=scheduler, proxy_divisor=divisor, transfer_radius=radius,
-                                   transfer_lr_scaling=scaling, pack=pack, bracket_extensions=bracket)
+                                   transfer_lr_scaling=scaling, pack=pack, bracket_extensions=bracket,
+                                   racing_max_seeds=max_seeds)
     return resolved, tuple(levers)
+
+
+def _racing_text(search: Search) -> str:
+    """What racing gives, in one clause."""
+    budget = ("" if search.racing_max_added is None else
+              f", adding at most {search.racing_max_added:g}× the cell's trials (nearest the optimum first)")
+    return (f"the configurations a cell cannot tell from its optimum get further seeds, up to "
+            f"{search.racing_max_seeds} each{budget}")
 
 
 def _selection_split(space: "SearchSpace") -> str:

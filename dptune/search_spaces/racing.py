@@ -8,6 +8,14 @@ is told from the optimum or ``max_seeds`` is reached. The seeds of round r are f
 (:func:`seed_rounds`: the count doubles each round, the new seeds being the smallest integers not
 yet used), so a cell makes at most :func:`looks` tests of each configuration whatever the data say.
 
+A cell's racing spends at most ``max_added`` × the trials its search and bracketing ran
+(:data:`DEFAULT_MAX_ADDED` unless the spec says otherwise): the contenders are served in the order of
+their means, best first, each admitted only while the budget can carry every admitted contender to
+``max_seeds`` — so the configurations nearest the optimum get all their seeds, and those beyond the
+budget keep the spec's seeds (the closing lines count them). Which contenders get seeds may depend on
+the data in any way without touching the error rate below: the correction covers every test that
+could be made.
+
 The error rate under this sequential use: a configuration as good as the optimum could be called
 "distinguishable" at any of the looks, so every test of a raced cell — the contenders' rounds and
 the closing lines' — is Bonferroni-corrected for the K settings compared *and* the L looks
@@ -20,6 +28,10 @@ from typing import Sequence
 
 #: Seeds per contender unless the spec says otherwise (``search: {racing: {max_seeds: N}}``).
 DEFAULT_MAX_SEEDS = 10
+#: At most how many trials a cell's racing adds, as a multiple of the trials its search and
+#: bracketing ran, unless the spec says otherwise (``search: {racing: {max_added: 0.5}}``; ``off``:
+#: no limit): what keeps the default sweep within 1.5× of its time without racing (BENCHMARKS.md).
+DEFAULT_MAX_ADDED = 0.5
 
 
 def seed_rounds(seeds: Sequence[int], max_seeds: int) -> list[tuple[int, ...]]:

@@ -36,7 +36,7 @@ from ..schema.metrics import TASK_METRICS
 from .batches import MIN_STEPS, PLATEAU_TOL
 from .bracketing import DEFAULT_MAX_EXTENSIONS
 from .proxy import MIN_PROXY_SIGMA
-from .racing import DEFAULT_MAX_SEEDS
+from .racing import DEFAULT_MAX_ADDED, DEFAULT_MAX_SEEDS
 from .spec import (Catalog, Spec, SpecError, choice, integer, mapping, number, one_or_many, register_check,
                    register_section, spec_path)
 
@@ -184,9 +184,11 @@ class Search:
     #: an earlier experiment (``prior: <folder>``) whose per-cell optima seed this sweep's cells, across ε as
     #: transfer does within one sweep (the platform reads its store)
     prior: str | None = None
-    #: racing (``racing: on | off | {max_seeds: N}``, :mod:`.racing`): the configurations a cell cannot
-    #: tell from its optimum get further seeds, up to N each; None: off
+    #: racing (``racing: on | off | {max_seeds: N, max_added: f}``, :mod:`.racing`): the configurations a
+    #: cell cannot tell from its optimum get further seeds, up to N each; None: off
     racing_max_seeds: int | None = None
+    #: racing's budget: at most f × the trials a cell's search ran are added (None: no limit)
+    racing_max_added: float | None = DEFAULT_MAX_ADDED
     #: the levers (scheduler, proxy, transfer, pack, bracket, racing) the spec named; the others are
     #: decided by :func:`~.levers.resolve_levers` (on by default where they are safe)
     named: frozenset = frozenset(("scheduler", "proxy", "transfer", "pack", "bracket", "racing"))
@@ -514,7 +516,7 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
                   None if startup is None else integer(startup, "search.startup_trials", ge=1), warm,
                   parse_scheduler(raw.get("scheduler")), parse_proxy(raw.get("proxy")), radius, scaling,
                   *parse_pack(raw.get("pack")), parse_bracket(raw.get("bracket")), parse_start(raw.get("start")),
-                  parse_prior(raw.get("prior")), parse_racing(raw.get("racing")),
+                  parse_prior(raw.get("prior")), *parse_racing(raw.get("racing")),
                   frozenset(k for k in ("scheduler", "proxy", "transfer", "pack", "bracket", "racing") if k in raw))
 
 
@@ -600,10 +602,18 @@ def parse_bracket(value: Any) -> int | None:
     return _on_off_or_limit(value, "bracket", "max_extensions", DEFAULT_MAX_EXTENSIONS, 1)
 
 
-def parse_racing(value: Any) -> int | None:
-    """``search.racing: on | off | {max_seeds: N}``: at most how many seeds a contender gets (``on``:
-    :data:`~.racing.DEFAULT_MAX_SEEDS`), or None: off."""
-    return _on_off_or_limit(value, "racing", "max_seeds", DEFAULT_MAX_SEEDS, 2)
+def parse_racing(value: Any) -> tuple[int | None, float | None]:
+    """``search.racing: on | off | {max_seeds: N, max_added: f | off}``: at most how many seeds a
+    contender gets (None: racing off) and at most how many trials racing adds as a multiple of the
+    cell's trials before it (None: no limit); :data:`~.racing.DEFAULT_MAX_SEEDS` and
+    :data:`~.racing.DEFAULT_MAX_ADDED` where not given."""
+    if not isinstance(value, Mapping):
+        return _on_off_or_limit(value, "racing", "max_seeds", DEFAULT_MAX_SEEDS, 2), DEFAULT_MAX_ADDED
+    raw = mapping(value, "search.racing", ("max_seeds", "max_added"))
+    added = raw.get("max_added", DEFAULT_MAX_ADDED)
+    return (_on_off_or_limit({"max_seeds": raw.get("max_seeds", DEFAULT_MAX_SEEDS)}, "racing", "max_seeds",
+                             DEFAULT_MAX_SEEDS, 2),
+            None if added is False or added in OFF else number(added, "search.racing.max_added", gt=0))
 
 
 def parse_pack(value: Any) -> tuple[bool, int | None]:

@@ -27,10 +27,10 @@ SEEDS = (0, 1, 2)
 CELLS = 1000   # null cells: the false rate's standard error about 0.006 at 0.04
 
 
-def racing_plan(max_seeds: int = 10, seeds=SEEDS, trial=None, **search):
+def racing_plan(max_seeds: int = 10, seeds=SEEDS, trial=None, max_added="off", **search):
     return plan_of(digits_spec(epsilon=[4.0], batch_size=list(BATCHES), clip_bound=list(CLIPS),
                                multipliers=list(MULTIPLIERS), seeds=list(seeds), trial=trial,
-                               search={"racing": {"max_seeds": max_seeds}, **search}))
+                               search={"racing": {"max_seeds": max_seeds, "max_added": max_added}, **search}))
 
 
 def planted(means: dict, rng_seed: int, noise: float, shared_sd: float = 0.05):
@@ -129,6 +129,25 @@ def test_under_secure_randomness_the_contenders_are_welchs():
     assert raced == contenders(first, welch) and len(raced) >= 2
 
 
+def test_the_budget_serves_the_contenders_nearest_the_optimum_to_the_last_seed():
+    """Twelve equal configurations (all contenders) and a budget of half the cell's 36 trials: 18 carry
+    two contenders to ten seeds (7 each) and not a third (21), so the first round goes to the two best
+    by their three seeds' means, computed here; later rounds stay within the 18 (a round that moves the
+    optimum may admit another in its place), and the closing line counts those left out."""
+    keys = list(itertools.product(CLIPS, BATCHES, MULTIPLIERS))
+    value = planted({k: 0.7 for k in keys}, rng_seed=3, noise=0.02)
+    searcher = SweepSearcher(racing_plan(max_added=0.5), metric="test_accuracy", mode="max")
+    trials = run(searcher, value)
+    means = {k: np.mean([value({"clip_bound": k[0], "batch_size": k[1], "lr_multiplier": k[2], "seed": s})
+                         for s in SEEDS]) for k in keys}
+    nearest = set(sorted(keys, key=means.get, reverse=True)[:2])
+    assert set(seeds_by_configuration(trials[36:42])) == nearest
+    assert 36 + 6 < len(trials) <= 36 + 18   # more rounds than the first, within the budget
+    record = searcher.cells[0].growth_record()
+    assert record["racing"]["left_out"] >= 9
+    assert f"{record['racing']['left_out']} contender(s) left on fewer seeds by the budget of 18 trials" in racing_text(record)
+
+
 def test_a_configuration_recorded_clip_equivalent_is_raced_on_trained_seeds():
     """Clip-equivalence records a smaller C with its larger C's results instead of training it; those hold
     for the seeds that clipped every example, not for racing's new seeds, which it then trains: left at
@@ -159,7 +178,7 @@ def test_on_null_cells_racing_keeps_false_statements_at_most_alpha():
     the same rounds, 10,000 cells: 0.117), corrected for K·L 0.043 (simulated: 0.038): at most α. Each
     cell is its own sweep with its own noise."""
     plan = plan_of(digits_spec(epsilon=[4.0], batch_size=[32], clip_bound=[1.0, 2.0], seeds=list(SEEDS),
-                               search={"racing": {"max_seeds": 10}}))
+                               search={"racing": {"max_seeds": 10, "max_added": "off"}}))
     keys = [(1.0, 32, 1.0), (2.0, 32, 1.0)]
     false, raced = 0, 0
     for rep in range(CELLS):

@@ -34,7 +34,8 @@ def levers(spec, catalog) -> dict:
 
 def test_a_spec_that_names_no_lever_gets_all_four_where_safe(catalog, toy_spec):
     space, got = levers(bare(toy_spec), catalog)            # ε ∈ {1, 4}, one seed, grid
-    assert all(lever.on for lever in got.values())
+    assert all(lever.on for key, lever in got.items() if key != "racing")
+    assert not got["racing"].on and "one seed" in got["racing"].why
     assert space.search.scheduler == DEFAULT_SCHEDULER and space.search.scheduler.grace_steps == 20
     assert space.search.proxy_divisor == "auto" and space.search.transfer_radius == 1 and space.search.pack
     assert "on by default" in got["scheduler"].why and "scheduler: none" in got["scheduler"].why
@@ -45,6 +46,8 @@ def test_several_seeds_keep_multi_fidelity_but_not_proxies_nor_transfer(catalog,
     assert got["scheduler"].on and not got["transfer"].on and not got["proxy"].on
     assert space.search.proxy_divisor == 1 and "3 seeds: the error bars compare full-scale runs" in got["proxy"].why
     assert space.search.transfer_radius is None and "3 seeds: the error bars and the between-cell" in got["transfer"].why
+    assert got["racing"].on and space.search.racing_max_seeds == 10 and space.search.racing_max_added == 0.5
+    assert "on by default with 3 seeds" in got["racing"].why and "racing: off" in got["racing"].why
     # named, each still runs with seeds
     space, got = levers(bare(toy_spec, seeds=[0, 1], search={"transfer": {"radius": 2}}), catalog)
     assert got["transfer"].on and space.search.transfer_radius == 2
@@ -66,7 +69,8 @@ def test_each_lever_is_off_by_name_or_where_it_cannot_apply(catalog, toy_spec, s
     space, got = levers({**toy_spec(), "search": search}, catalog)
     assert not got[off].on and why in got[off].why
     optuna = search.get("algorithm") == "optuna"   # neither transfer nor packs: both are named in one case
-    assert all(lever.on for key, lever in got.items() if key != off and not (optuna and key in ("transfer", "pack")))
+    assert all(lever.on for key, lever in got.items()   # racing: off with one seed
+               if key not in (off, "racing") and not (optuna and key in ("transfer", "pack")))
     assert {"scheduler": space.search.scheduler.name == "none", "proxy": space.search.proxy_divisor == 1,
             "transfer": space.search.transfer_radius is None, "pack": not space.search.pack}[off]
 

@@ -335,6 +335,7 @@ class CellSearch:
         self.finished: dict[Indices, Optional[float]] = {}   # configuration → mean metric (None: failed)
         self.running: dict[str, _Running] = {}               # proposal id → its seeds' results so far
         self.handed_out = 0                                  # configurations handed out (or recorded equivalent)
+        self.trained = 0                                     # trials whose result came in (stopped, failed too)
         self.proposals = 0                                   # proposal ids used
         #: proxy runs (search.proxy): the full-scale run of the best configuration, once the proxies
         #: are in: None (not handed out), "running" or "done"
@@ -479,6 +480,7 @@ class CellSearch:
         configuration on all its seeds (they never run). Returns the trials recorded as equivalent
         (clip-equivalence), each ``{"source": Ray trial id of the same seed, "config": its trial config}``."""
         running = self.running[pid]
+        self.trained += 1
         running.scores[seed] = value if value is not None and math.isfinite(value) else None
         running.complete &= completed
         running.clipped[seed] = (trial_id, fully_clipped)

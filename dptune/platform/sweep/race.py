@@ -4,7 +4,9 @@ Once a cell's search and bracketing have all their results, :meth:`Race.next_rou
 configuration that trained to its end on all its seeds against the cell's optimum, with the error
 bars' own test corrected for the K settings and the L looks
 (:func:`~dptune.search_spaces.comparisons.against_best`); the contenders (those it cannot tell from the optimum, the optimum among them)
-get the next round's seeds they lack, the others nothing. The cell runs them (all seeds at once,
+get the next round's seeds they lack, the others nothing — nearest the optimum first, while the
+cell's budget (``max_added`` × the trials it ran before racing) can carry every admitted contender to
+the last round's seeds. The cell runs them (all seeds at once,
 left alone by the scheduler) and asks again, until one contender is left or the last round's seeds
 are in. Its state is part of the searcher's, so a resumed sweep continues the round it was in.
 """
@@ -25,14 +27,18 @@ class Race:
 
     rounds: list[tuple[int, ...]]
     paired: bool = True                  # runs paired by seed (reproducible); Welch's test under secure randomness
+    max_added: float | None = None       # at most this × the cell's trials before racing are added (None: no limit)
+    allowance: int | None = None         # that many trials, fixed when the first round is asked for
+    left_out: int = 0                    # contenders of the last round run that the budget left on fewer seeds
     round: int = 0                       # the seed round the contenders have reached
     added: int = 0                       # trials added (one per contender and new seed)
     contenders: list[int] = field(default_factory=list)   # contenders per round run
     settled: bool = False
 
     @classmethod
-    def of(cls, seeds: tuple[int, ...], max_seeds: int, paired: bool = True) -> "Race":
-        return cls(seed_rounds(seeds, max_seeds), paired)
+    def of(cls, seeds: tuple[int, ...], max_seeds: int, paired: bool = True,
+           max_added: float | None = None) -> "Race":
+        return cls(seed_rounds(seeds, max_seeds), paired, max_added)
 
     @property
     def looks(self) -> int:
@@ -42,15 +48,25 @@ class Race:
     def record(self) -> dict:
         """What the experiment keeps of it (beside bracketing's, ``dptune-bracketing.json``)."""
         return {"looks": self.looks, "seeds": len(self.rounds[self.round]), "added": self.added,
-                "contenders": list(self.contenders), "settled": self.settled}
+                "contenders": list(self.contenders), "settled": self.settled, "left_out": self.left_out,
+                "allowance": self.allowance}
 
     def next_round(self, search: object) -> list[tuple[Indices, tuple[int, ...]]]:
         """(configuration, the seeds it lacks) for each contender of the next round, or [] once the
         cell is decided or its last round is in (``search``: the cell's
         :class:`~.cell_search.CellSearch`, its results all in)."""
         contenders = self.contending(search)
+        if self.allowance is None and self.max_added is not None:
+            self.allowance = int(self.max_added * search.trained)
         target = self.rounds[min(self.round + 1, len(self.rounds) - 1)]
-        needs = [(key, tuple(s for s in target if s not in search.scores[key])) for key in contenders]
+        needs, reserved = [], self.added
+        for key in contenders:   # nearest the optimum first, each if the budget carries it to the last round
+            to_end = sum(s not in search.scores[key] for s in self.rounds[-1])
+            if self.allowance is not None and reserved + to_end > self.allowance:
+                continue
+            reserved += to_end
+            needs.append((key, tuple(s for s in target if s not in search.scores[key])))
+        self.left_out = len(contenders) - len(needs)
         needs = [(key, seeds) for key, seeds in needs if seeds]
         if len(contenders) < 2 or not needs:
             self.settled = True
@@ -61,8 +77,8 @@ class Race:
         return needs
 
     def contending(self, search: object) -> list[Indices]:
-        """The configurations the test cannot tell from the cell's optimum (the optimum among them),
-        among those with a full result on every seed they ran."""
+        """The configurations the test cannot tell from the cell's optimum (the optimum first, then by
+        mean, best first), among those with a full result on every seed they ran."""
         sign = 1.0 if search.mode == "max" else -1.0
         scores = {key: values for key, values in search.scores.items()
                   if key in search.complete and None not in values.values()}
@@ -71,4 +87,6 @@ class Race:
         seeds = sorted({s for values in scores.values() for s in values})
         table = np.array([[sign * values.get(s, np.nan) for s in seeds] for values in scores.values()], dtype=float)
         best, p = against_best(table, self.looks, self.paired)
-        return [key for i, key in enumerate(scores) if i == best or p[i] >= ALPHA]
+        order = sorted(range(len(table)), key=lambda i: (i != best, -np.nanmean(table[i])))
+        keys = list(scores)
+        return [keys[i] for i in order if i == best or p[i] >= ALPHA]

@@ -83,7 +83,8 @@ class SweepSearcher(Searcher):
                                  plan.space.seeds, mode=mode,
                                  bracket=Bracket(extensions) if extensions is not None and not cell.private else None,
                                  race=Race.of(tuple(plan.space.seeds), max_seeds,
-                                              paired=plan.space.trial.config().get("randomness") != "secure")
+                                              paired=plan.space.trial.config().get("randomness") != "secure",
+                                              max_added=plan.space.search.racing_max_added)
                                  if max_seeds is not None and not cell.private else None)
                       for i, cell in enumerate(plan.cells)]
         search = plan.space.search
