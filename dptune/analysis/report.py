@@ -236,10 +236,13 @@ def racing_text(record: dict | None) -> str:
     if not racing:
         return ""
     contenders = " → ".join(str(n) for n in racing.get("contenders", []))
-    rounds = (f"contenders {contenders} given more seeds, up to {racing['seeds']} seeds" if contenders
+    admitted = racing.get("admitted", racing.get("contenders", []))
+    given = "" if admitted == racing.get("contenders") else f" (within the budget {' → '.join(map(str, admitted))})"
+    rounds = (f"contenders {contenders}{given} given more seeds, up to {racing['seeds']} seeds" if contenders
               else "no contender to race")
     left = racing.get("left_out", 0)
-    budget = f"; {left} contender(s) left on fewer seeds by the budget of {racing.get('allowance')} trials" if left else ""
+    budget = (f"; {left} contender(s) left on fewer seeds by the budget of {racing.get('allowance')} full trials"
+              if left else "")
     return (f"raced: {rounds} (+{racing.get('added', 0)} trials; tests corrected for {racing['looks']} looks{budget})"
             + ("" if racing.get("settled") else ", unfinished"))
 

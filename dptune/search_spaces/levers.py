@@ -36,7 +36,7 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
 
 - **racing** (``search.racing``, :mod:`.racing`): the configurations a cell cannot tell from its optimum
   get further seeds, up to ``max_seeds``, nearest the optimum first, within a budget (``max_added``: at
-  most 0.5× the cell's trials by default; without it racing took 2.9× the default sweep's wall time,
+  most 0.5× the cell's compute by default; without it racing took 2.9× the default sweep's wall time,
   BENCHMARKS.md, session 21). On by default with two seeds or more; off under private selection (one
   seed each, drawn in advance) and with proxy runs (they rank at another scale).
 
@@ -193,7 +193,7 @@ def resolve_levers(space: "SearchSpace", packable: Collection[str] = ()) -> tupl
 def _racing_text(search: Search) -> str:
     """What racing gives, in one clause."""
     budget = ("" if search.racing_max_added is None else
-              f", adding at most {search.racing_max_added:g}× the cell's trials (nearest the optimum first)")
+              f", adding at most {search.racing_max_added:g}× the cell's compute (nearest the optimum first)")
     return (f"the configurations a cell cannot tell from its optimum get further seeds, up to "
             f"{search.racing_max_seeds} each{budget}")
 

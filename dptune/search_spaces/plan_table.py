@@ -101,7 +101,7 @@ def _lever_lines(plan: CellPlan, source: CellPlan | None) -> list[str]:
                      f"{' → '.join(str(len(r)) for r in rounds)}, tests corrected for {len(rounds)} looks; ≤ "
                      f"{max_seeds - len(plan.space.seeds)} trials added per contender"
                      + ("" if (added := plan.space.search.racing_max_added) is None else
-                        f", ≤ {added:g}× a cell's trials in all (nearest the optimum first)"))
+                        f", ≤ {added:g}× a cell's compute in all (nearest the optimum first)"))
     if source is not None:
         radius = plan.space.search.transfer_radius
         dims = (len(plan.clip_bounds), len(plan.searched_batch_sizes), len(plan.space.learning_rate.multipliers))

@@ -8,8 +8,9 @@ is told from the optimum or ``max_seeds`` is reached. The seeds of round r are f
 (:func:`seed_rounds`: the count doubles each round, the new seeds being the smallest integers not
 yet used), so a cell makes at most :func:`looks` tests of each configuration whatever the data say.
 
-A cell's racing spends at most ``max_added`` × the trials its search and bracketing ran
-(:data:`DEFAULT_MAX_ADDED` unless the spec says otherwise): the contenders are served in the order of
+A cell's racing spends at most ``max_added`` × the compute its search and bracketing spent, counted
+in full trials' worth of steps (a trial multi-fidelity stopped early counts its share; a raced trial
+always trains to the end) (:data:`DEFAULT_MAX_ADDED` unless the spec says otherwise): the contenders are served in the order of
 their means, best first, each admitted only while the budget can carry every admitted contender to
 ``max_seeds`` — so the configurations nearest the optimum get all their seeds, and those beyond the
 budget keep the spec's seeds (the closing lines count them). Which contenders get seeds may depend on
@@ -28,8 +29,8 @@ from typing import Sequence
 
 #: Seeds per contender unless the spec says otherwise (``search: {racing: {max_seeds: N}}``).
 DEFAULT_MAX_SEEDS = 10
-#: At most how many trials a cell's racing adds, as a multiple of the trials its search and
-#: bracketing ran, unless the spec says otherwise (``search: {racing: {max_added: 0.5}}``; ``off``:
+#: At most how much compute a cell's racing adds, as a multiple of what its search and bracketing
+#: spent (full trials' worth of steps), unless the spec says otherwise (``search: {racing: {max_added: 0.5}}``; ``off``:
 #: no limit): what keeps the default sweep within 1.5× of its time without racing (BENCHMARKS.md).
 DEFAULT_MAX_ADDED = 0.5
 

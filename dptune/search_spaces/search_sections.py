@@ -187,7 +187,7 @@ class Search:
     #: racing (``racing: on | off | {max_seeds: N, max_added: f}``, :mod:`.racing`): the configurations a
     #: cell cannot tell from its optimum get further seeds, up to N each; None: off
     racing_max_seeds: int | None = None
-    #: racing's budget: at most f × the trials a cell's search ran are added (None: no limit)
+    #: racing's budget: at most f × the compute a cell's search spent is added (None: no limit)
     racing_max_added: float | None = DEFAULT_MAX_ADDED
     #: the levers (scheduler, proxy, transfer, pack, bracket, racing) the spec named; the others are
     #: decided by :func:`~.levers.resolve_levers` (on by default where they are safe)
@@ -604,8 +604,8 @@ def parse_bracket(value: Any) -> int | None:
 
 def parse_racing(value: Any) -> tuple[int | None, float | None]:
     """``search.racing: on | off | {max_seeds: N, max_added: f | off}``: at most how many seeds a
-    contender gets (None: racing off) and at most how many trials racing adds as a multiple of the
-    cell's trials before it (None: no limit); :data:`~.racing.DEFAULT_MAX_SEEDS` and
+    contender gets (None: racing off) and at most how much compute racing adds as a multiple of the
+    cell's before it (full trials' worth of steps; None: no limit); :data:`~.racing.DEFAULT_MAX_SEEDS` and
     :data:`~.racing.DEFAULT_MAX_ADDED` where not given."""
     if not isinstance(value, Mapping):
         return _on_off_or_limit(value, "racing", "max_seeds", DEFAULT_MAX_SEEDS, 2), DEFAULT_MAX_ADDED

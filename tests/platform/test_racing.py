@@ -46,9 +46,9 @@ def planted(means: dict, rng_seed: int, noise: float, shared_sd: float = 0.05):
 
 
 def run(searcher: SweepSearcher, value, *, snapshot_at: int | None = None, tmp_path=None,
-        clipped=lambda config: False) -> list[dict]:
+        clipped=lambda config: False, stopped=lambda config: False) -> list[dict]:
     """Ray Tune's loop, one trial at a time (``clipped``: whether a trial clipped every example at every
-    step); at ``snapshot_at`` the searcher is saved and a fresh one restored from it (a resumed sweep) goes on."""
+    step; ``stopped``: whether it ends at step 1 of 4, as multi-fidelity stops one); at ``snapshot_at`` the searcher is saved and a fresh one restored from it (a resumed sweep) goes on."""
     out = []
     for i in itertools.count():
         if i == snapshot_at:
@@ -63,7 +63,8 @@ def run(searcher: SweepSearcher, value, *, snapshot_at: int | None = None, tmp_p
             return out
         assert config is not None and i < 2000
         out.append(config)
-        searcher.on_trial_complete(f"t{i}", {"test_accuracy": value(config), "step": 1, "steps": 1,
+        searcher.on_trial_complete(f"t{i}", {"test_accuracy": value(config), "step": 1,
+                                             "steps": 4 if stopped(config) else 1,
                                              "fully_clipped": int(clipped(config))})
 
 
@@ -145,7 +146,21 @@ def test_the_budget_serves_the_contenders_nearest_the_optimum_to_the_last_seed()
     assert 36 + 6 < len(trials) <= 36 + 18   # more rounds than the first, within the budget
     record = searcher.cells[0].growth_record()
     assert record["racing"]["left_out"] >= 9
-    assert f"{record['racing']['left_out']} contender(s) left on fewer seeds by the budget of 18 trials" in racing_text(record)
+    assert f"{record['racing']['left_out']} contender(s) left on fewer seeds by the budget of 18 full trials" in racing_text(record)
+
+
+def test_the_budget_counts_a_stopped_trial_by_the_steps_it_trained():
+    """Ten of twelve configurations stopped at a quarter of their steps: the cell spent 2·3 + 10·3/4 = 13.5
+    full trials, so half of it (6) cannot carry even the optimum from 3 to 10 seeds (7): nothing is raced,
+    where counting trials (36, budget 18) would have raced both finishers."""
+    keys = list(itertools.product(CLIPS, BATCHES, MULTIPLIERS))
+    finishers = {(1.0, 64, 2.0), (2.0, 64, 2.0)}
+    value = planted({k: 0.7 for k in keys}, rng_seed=4, noise=0.02)
+    searcher = SweepSearcher(racing_plan(max_added=0.5), metric="test_accuracy", mode="max")
+    trials = run(searcher, value, stopped=lambda c: (c["clip_bound"], c["batch_size"], c["lr_multiplier"]) not in finishers)
+    assert len(trials) == 36
+    racing = searcher.cells[0].growth_record()["racing"]
+    assert racing["allowance"] == 6 and racing["left_out"] == 2 and racing["added"] == 0
 
 
 def test_a_configuration_recorded_clip_equivalent_is_raced_on_trained_seeds():

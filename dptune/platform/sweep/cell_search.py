@@ -335,7 +335,7 @@ class CellSearch:
         self.finished: dict[Indices, Optional[float]] = {}   # configuration → mean metric (None: failed)
         self.running: dict[str, _Running] = {}               # proposal id → its seeds' results so far
         self.handed_out = 0                                  # configurations handed out (or recorded equivalent)
-        self.trained = 0                                     # trials whose result came in (stopped, failed too)
+        self.trained = 0.0                                   # full trials' worth of steps trained (a stopped one: its share)
         self.proposals = 0                                   # proposal ids used
         #: proxy runs (search.proxy): the full-scale run of the best configuration, once the proxies
         #: are in: None (not handed out), "running" or "done"
@@ -473,14 +473,14 @@ class CellSearch:
         return [configure(*self.cell.values(key), seed) for seed in self.seeds]
 
     def result(self, pid: str, seed: int, trial_id: str, value: Optional[float], fully_clipped: bool,
-               completed: bool = True) -> list[dict]:
+               completed: bool = True, share: float = 1.0) -> list[dict]:
         """One trial's result (``completed``: it trained to its last step; False when stopped early or
-        errored); once all seeds of its configuration are in, the strategy is told the mean. A lead
+        errored; ``share``: the part of its steps it trained); once all seeds of its configuration are in, the strategy is told the mean. A lead
         seed that completed releases its configuration's other seeds; one that did not ends the
         configuration on all its seeds (they never run). Returns the trials recorded as equivalent
         (clip-equivalence), each ``{"source": Ray trial id of the same seed, "config": its trial config}``."""
         running = self.running[pid]
-        self.trained += 1
+        self.trained += share
         running.scores[seed] = value if value is not None and math.isfinite(value) else None
         running.complete &= completed
         running.clipped[seed] = (trial_id, fully_clipped)

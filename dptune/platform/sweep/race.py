@@ -5,8 +5,9 @@ configuration that trained to its end on all its seeds against the cell's optimu
 bars' own test corrected for the K settings and the L looks
 (:func:`~dptune.search_spaces.comparisons.against_best`); the contenders (those it cannot tell from the optimum, the optimum among them)
 get the next round's seeds they lack, the others nothing — nearest the optimum first, while the
-cell's budget (``max_added`` × the trials it ran before racing) can carry every admitted contender to
-the last round's seeds. The cell runs them (all seeds at once,
+cell's budget (``max_added`` × the compute it spent before racing, in full trials' worth of steps:
+a trial multi-fidelity stopped counts its share) can carry every admitted contender to the last
+round's seeds (each raced trial trains to the end). The cell runs them (all seeds at once,
 left alone by the scheduler) and asks again, until one contender is left or the last round's seeds
 are in. Its state is part of the searcher's, so a resumed sweep continues the round it was in.
 """
@@ -27,8 +28,9 @@ class Race:
 
     rounds: list[tuple[int, ...]]
     paired: bool = True                  # runs paired by seed (reproducible); Welch's test under secure randomness
-    max_added: float | None = None       # at most this × the cell's trials before racing are added (None: no limit)
-    allowance: int | None = None         # that many trials, fixed when the first round is asked for
+    max_added: float | None = None       # at most this × the cell's compute before racing is added (None: no limit)
+    allowance: int | None = None         # that many full trials, fixed when the first round is asked for
+    admitted: list[int] = field(default_factory=list)   # contenders given seeds per round run (within the budget)
     left_out: int = 0                    # contenders of the last round run that the budget left on fewer seeds
     round: int = 0                       # the seed round the contenders have reached
     added: int = 0                       # trials added (one per contender and new seed)
@@ -48,7 +50,8 @@ class Race:
     def record(self) -> dict:
         """What the experiment keeps of it (beside bracketing's, ``dptune-bracketing.json``)."""
         return {"looks": self.looks, "seeds": len(self.rounds[self.round]), "added": self.added,
-                "contenders": list(self.contenders), "settled": self.settled, "left_out": self.left_out,
+                "contenders": list(self.contenders), "admitted": list(self.admitted),
+                "settled": self.settled, "left_out": self.left_out,
                 "allowance": self.allowance}
 
     def next_round(self, search: object) -> list[tuple[Indices, tuple[int, ...]]]:
@@ -73,6 +76,7 @@ class Race:
             return []
         self.round = min(self.round + 1, len(self.rounds) - 1)
         self.contenders.append(len(contenders))
+        self.admitted.append(len(needs))
         self.added += sum(len(seeds) for _, seeds in needs)
         return needs
 

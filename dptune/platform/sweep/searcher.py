@@ -136,7 +136,9 @@ class SweepSearcher(Searcher):
         value = None if error or not result else result.get(self.metric)
         completed = not error and bool(result) and result.get("step") == result.get("steps")
         fully = completed and result.get("fully_clipped") == 1
-        equivalents = self.cells[cell].result(pid, seed, trial_id, value, fully, completed)
+        steps = (result or {}).get("steps")
+        share = min(1.0, (result.get("step") or 0) / steps) if steps else float(completed)
+        equivalents = self.cells[cell].result(pid, seed, trial_id, value, fully, completed, share)
         if equivalents:
             self.equivalents += equivalents
             if self.on_equivalent is not None:
