@@ -36,7 +36,7 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
 
 - **racing** (``search.racing``, :mod:`.racing`): the configurations a cell cannot tell from its optimum
   get further seeds, up to ``max_seeds``, nearest the optimum first, within a budget (``max_added``: at
-  most 0.5× the cell's compute by default; without it racing took 2.9× the default sweep's wall time,
+  most 0.25× the cell's compute by default; without it racing took 2.9× the default sweep's wall time,
   BENCHMARKS.md, session 21). On by default with two seeds or more; off under private selection (one
   seed each, drawn in advance) and with proxy runs (they rank at another scale).
 

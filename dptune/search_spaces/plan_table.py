@@ -96,7 +96,7 @@ def _lever_lines(plan: CellPlan, source: CellPlan | None) -> list[str]:
         lines.append(f"  bracketing: {_bracket_text(plan, bracket)}")
     max_seeds = plan.space.search.racing_max_seeds
     if max_seeds is not None and not plan.private:
-        rounds = seed_rounds(plan.space.seeds, max_seeds)
+        rounds = seed_rounds(plan.space.seeds, max_seeds, budget=plan.space.search.racing_max_added is not None)
         lines.append(f"  racing: the configurations not distinguishable from the optimum get seeds in rounds of "
                      f"{' → '.join(str(len(r)) for r in rounds)}, tests corrected for {len(rounds)} looks; ≤ "
                      f"{max_seeds - len(plan.space.seeds)} trials added per contender"

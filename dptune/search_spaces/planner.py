@@ -244,7 +244,8 @@ class CellPlan:
                 "noise_sqrt_steps": float(row["noise_sqrt_steps"]), "lr_multiplier": float(lr_multiplier),
                 "backbone_label": c.backbone.label, "dataset_label": c.dataset.label}
         if self.space.search.racing_max_seeds is not None:
-            plan["looks"] = looks(self.space.seeds, self.space.search.racing_max_seeds)
+            plan["looks"] = looks(self.space.seeds, self.space.search.racing_max_seeds,
+                                  budget=self.space.search.racing_max_added is not None)
         return {**train, **plan}
 
     def proxy_divisor(self, batch_size: int) -> int:

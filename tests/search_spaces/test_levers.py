@@ -46,7 +46,7 @@ def test_several_seeds_keep_multi_fidelity_but_not_proxies_nor_transfer(catalog,
     assert got["scheduler"].on and not got["transfer"].on and not got["proxy"].on
     assert space.search.proxy_divisor == 1 and "3 seeds: the error bars compare full-scale runs" in got["proxy"].why
     assert space.search.transfer_radius is None and "3 seeds: the error bars and the between-cell" in got["transfer"].why
-    assert got["racing"].on and space.search.racing_max_seeds == 10 and space.search.racing_max_added == 0.5
+    assert got["racing"].on and space.search.racing_max_seeds == 10 and space.search.racing_max_added == 0.25
     assert "on by default with 3 seeds" in got["racing"].why and "racing: off" in got["racing"].why
     # named, each still runs with seeds
     space, got = levers(bare(toy_spec, seeds=[0, 1], search={"transfer": {"radius": 2}}), catalog)

@@ -40,7 +40,7 @@ class Race:
     @classmethod
     def of(cls, seeds: tuple[int, ...], max_seeds: int, paired: bool = True,
            max_added: float | None = None) -> "Race":
-        return cls(seed_rounds(seeds, max_seeds), paired, max_added)
+        return cls(seed_rounds(seeds, max_seeds, budget=max_added is not None), paired, max_added)
 
     @property
     def looks(self) -> int:
