@@ -166,3 +166,15 @@ def test_a_sweep_killed_in_an_extension_resumes_it_without_running_anything_twic
     assert rows["config_id"].is_unique and len(rows) == 2 + cell["added"]
     assert (rows["status"] == "finished").all()
     assert rows["learning_rate"].nunique() == len(rows)   # each an η of its own: the line of η at (C, B)
+
+
+def test_of_equal_means_the_optimum_is_the_one_the_closing_lines_report():
+    """Two configurations with the same seed-mean (small test sets tie): bracketing judges the edges of
+    the one the analysis reports — the smallest (C, B, η), the first of equals in its table — not the
+    other (a benchmark run reported an edge that bracketing had judged inside, about its tie partner)."""
+    plan = plan_of(digits_spec(epsilon=[4.0], batch_size=[32, 64], clip_bound=[0.5, 1.0], multipliers=[1.0, 2.0]))
+    cell = SweepSearcher(plan, metric="test_accuracy", mode="max").cells[0]
+    cell.finished = {(1, 0, 0): 0.9, (0, 1, 0): 0.9, (0, 0, 0): 0.5, (1, 1, 1): None}
+    assert cell.best() == ((0, 1, 0), 0.9)
+    cell.mode = "min"
+    assert cell.best() == ((0, 0, 0), 0.5)

@@ -526,9 +526,12 @@ class CellSearch:
         return equivalents
 
     def best(self) -> tuple[Indices, float] | None:
-        """The best finished configuration (indices, mean metric), or None."""
-        done = [(v, i) for i, v in self.finished.items() if v is not None]
+        """The best finished configuration (indices, mean metric), or None; of equal means the one
+        with the smallest (C, B, η), as the closing lines' analysis picks it (bracketing must judge
+        the edges of the optimum they report)."""
+        sign = 1.0 if self.mode == "max" else -1.0
+        done = [(-sign * v, self.cell.values(i), i) for i, v in self.finished.items() if v is not None]
         if not done:
             return None
-        value, indices = (max if self.mode == "max" else min)(done)
-        return indices, value
+        _, _, indices = min(done)
+        return indices, self.finished[indices]
