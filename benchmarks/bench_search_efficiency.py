@@ -14,6 +14,11 @@ Per cell: for a grid, its size (every configuration must run before its best is 
 whether its best reaches the target; for a random order, the expected position of the first
 configuration within the target, (n + 1)/(k + 1) for k such configurations among n; for Optuna,
 trials until its first configuration within the target (median and worst over sampler seeds).
+Optuna's GP sampler (``search: {algorithm: gp}``, the SweepSearcher over continuous log ranges of C
+and η between the grid's smallest and largest values and the pruned B) proposes configurations off
+the grid, so each of its proposals is trained when proposed (seed 0, as the table's), for
+``--gp-seeds`` sampler seeds in the worker processes; its wall is the training seconds up to its
+first hit, the grid's and TPE's the same sum over the table's runs in the order they ran.
 
     python benchmarks/bench_search_efficiency.py [--workers 2] [--out FILE.json]
 """
@@ -41,12 +46,12 @@ PRUNED = {"min_steps": 20, "plateau_tol": 0.05}
 TOLERANCE = 0.01                                      # one accuracy point
 SAMPLER_SEEDS = range(10)
 
-_data = None
+_splits: dict = {}   # split seed → the digits split, loaded once per worker
 
 
-def _train(config: dict) -> tuple[float, float]:
-    """Final test accuracy and wall time of one trial (in a worker process)."""
-    global _data
+def train_one(config: dict) -> tuple[float, float]:
+    """Final test accuracy and wall time of one trial (in a worker process), on the train/test split
+    its trial would use (its ``split_seed``, else its seed, as the trainer splits)."""
     import torch
 
     from dptune.platform.sweep.trial_config import train_config
@@ -54,10 +59,11 @@ def _train(config: dict) -> tuple[float, float]:
     from dptune.trainables.training import train as run
 
     torch.set_num_threads(1)
-    if _data is None:
-        _data = load_dataset("digits", seed=0)
+    split = config.get("split_seed", config["seed"])
+    if split not in _splits:
+        _splits[split] = load_dataset("digits", seed=split)
     start = time.perf_counter()
-    history = run(train_config(config), progress=False, data=_data)
+    history = run(train_config(config), progress=False, data=_splits[split])
     return history[-1]["test_accuracy"], time.perf_counter() - start
 
 
@@ -104,9 +110,48 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
     return hits
 
 
+def gp_search(args: tuple) -> dict[str, tuple[list[float], list[float]]]:
+    """One sampler seed of the GP search on the pruned space (in a worker process): per cell, the
+    accuracies and training seconds of its proposals in order."""
+    seed, budget = args
+    from ray.tune.search import Searcher
+
+    from dptune.platform.sweep.catalog import trainables_catalog
+    from dptune.platform.sweep.searcher import SweepSearcher
+
+    searcher = SweepSearcher(plan(trainables_catalog(), pruning=PRUNED,
+                                  search={"algorithm": "gp", "budget": budget, "seed": seed}), metric="accuracy")
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    i = 0
+    while (config := searcher.suggest(str(i))) != Searcher.FINISHED:
+        accuracy, seconds = train_one(config)
+        accs, secs = out.setdefault(config["cell"], ([], []))
+        accs.append(accuracy)
+        secs.append(seconds)
+        searcher.on_trial_complete(str(i), {"accuracy": accuracy})
+        i += 1
+    return out
+
+
+def to_target(values: list[float], seconds: list[float], target: float) -> tuple[float, float]:
+    """Trials and training seconds until the first value within the target (inf: never)."""
+    for i, v in enumerate(values):
+        if v >= target:
+            return i + 1, sum(seconds[:i + 1])
+    return float("inf"), float("inf")
+
+
+def gp_summary(hits: list[tuple[float, float]]) -> dict:
+    """Trials and training seconds to the first hit per sampler seed, with their medians and worst."""
+    trials, secs = [h[0] for h in hits], [h[1] for h in hits]
+    return {"per_seed": trials, "median": statistics.median(trials), "worst": max(trials), "seconds": secs,
+            "median_seconds": statistics.median(secs)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--gp-seeds", type=int, default=5, help="sampler seeds of the GP search")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results") / "search_efficiency.json"))
     args = parser.parse_args()
 
@@ -121,18 +166,20 @@ def main() -> None:
         print(cell.cell.key + "\n" + cell.batches.to_string(index=False), flush=True)
     start = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outcomes = list(pool.map(_train, trials))
-    elapsed = time.perf_counter() - start
+        outcomes = list(pool.map(train_one, trials))
+        elapsed = time.perf_counter() - start
+        budget = max(c.num_configurations for c in pruned)
+        gp_runs = list(pool.map(gp_search, [(seed, budget) for seed in range(args.gp_seeds)]))
     accuracy = {key(t): acc for t, (acc, _) in zip(trials, outcomes)}
+    seconds = {key(t): s for t, (_, s) in zip(trials, outcomes)}
     best_key = max(accuracy, key=accuracy.get)
-    again, _ = _train(next(t for t in trials if key(t) == best_key))
+    again, _ = train_one(next(t for t in trials if key(t) == best_key))
     assert again == accuracy[best_key], f"training is not deterministic: {again} != {accuracy[best_key]}"
 
     cells = [c.cell.key for c in full]
     best = {cell: max((k for k in accuracy if k[0] == cell), key=accuracy.get) for cell in cells}
     targets = {cell: accuracy[best[cell]] - TOLERANCE for cell in cells}
     pruned_keys = [key(t) for t in pruned.trials()]
-    budget = max(c.num_configurations for c in pruned)
     tpe_pruned = optuna_hits(catalog, accuracy, targets, budget, PRUNED)
     tpe_full = optuna_hits(catalog, accuracy, targets, 72, FULL)
 
@@ -154,6 +201,9 @@ def main() -> None:
                               "worst": max(tpe_pruned[cell])},
             "optuna_full": {"per_seed": tpe_full[cell], "median": statistics.median(tpe_full[cell]),
                             "worst": max(tpe_full[cell])},
+            "gp_pruned": gp_summary([to_target(*run[cell], targets[cell]) for run in gp_runs]),
+            "grid_seconds": {"pruned": sum(seconds[k] for k in pruned_keys if k[0] == cell),
+                             "full": sum(s for k, s in seconds.items() if k[0] == cell)},
         }
     report["accuracy"] = [{"cell": k[0], "clip_bound": k[1], "batch_size": k[2], "lr_multiplier": k[3],
                            "accuracy": v} for k, v in sorted(accuracy.items())]
@@ -175,6 +225,10 @@ def main() -> None:
         for name in ("optuna_pruned", "optuna_full"):
             print(f"  {name}: first hit after {r[name]['per_seed']} trials (median {r[name]['median']}, "
                   f"worst {r[name]['worst']})")
+        g, s = r["gp_pruned"], r["grid_seconds"]
+        print(f"  gp_pruned: first hit after {g['per_seed']} trials (median {g['median']}, worst {g['worst']}); "
+              f"training seconds to it {[round(x, 1) for x in g['seconds']]} (median {g['median_seconds']:.1f}); "
+              f"the pruned grid's training seconds {s['pruned']:.1f}, the full grid's {s['full']:.1f}")
         totals["full"] += n
         totals["pruned"] += p["trials"]
         totals["tpe_pruned"] += r["optuna_pruned"]["median"]
