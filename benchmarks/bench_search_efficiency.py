@@ -45,6 +45,10 @@ FULL = {"min_steps": 1, "plateau_tol": 1e9}           # every B that fits in the
 PRUNED = {"min_steps": 20, "plateau_tol": 0.05}
 TOLERANCE = 0.01                                      # one accuracy point
 SAMPLER_SEEDS = range(10)
+#: The samplers search the grid's own space at full scale, every lever named off: proxies (on by default
+#: with one seed) would run B/k, bracketing B beyond the table, multi-fidelity would stop trials early.
+FIXED_SPACE = {"scheduler": "none", "proxy": "off", "transfer": "off", "pack": "off", "bracket": "off",
+               "racing": "off"}
 
 _splits: dict = {}   # split seed → the digits split, loaded once per worker
 
@@ -93,8 +97,8 @@ def optuna_hits(catalog, accuracy: dict, targets: dict, budget: int, pruning: di
 
     hits: dict[str, list[float]] = {cell: [] for cell in targets}
     for seed in SAMPLER_SEEDS:
-        searcher = SweepSearcher(plan(catalog, pruning=pruning,
-                                      search={"algorithm": "optuna", "budget": budget, "seed": seed}), metric="accuracy")
+        search = {"algorithm": "optuna", "budget": budget, "seed": seed, **FIXED_SPACE}
+        searcher = SweepSearcher(plan(catalog, pruning=pruning, search=search), metric="accuracy")
         seen = {cell: 0 for cell in targets}
         first = {cell: float("inf") for cell in targets}
         i = 0
@@ -120,7 +124,8 @@ def gp_search(args: tuple) -> dict[str, tuple[list[float], list[float]]]:
     from dptune.platform.sweep.searcher import SweepSearcher
 
     searcher = SweepSearcher(plan(trainables_catalog(), pruning=PRUNED,
-                                  search={"algorithm": "gp", "budget": budget, "seed": seed}), metric="accuracy")
+                                  search={"algorithm": "gp", "budget": budget, "seed": seed, **FIXED_SPACE}),
+                             metric="accuracy")
     out: dict[str, tuple[list[float], list[float]]] = {}
     i = 0
     while (config := searcher.suggest(str(i))) != Searcher.FINISHED:
