@@ -84,8 +84,8 @@ class Race:
         """The configurations the test cannot tell from the cell's optimum (the optimum first, then by
         mean, best first), among those with a full result on every seed they ran."""
         sign = 1.0 if search.mode == "max" else -1.0
-        scores = {key: values for key, values in search.scores.items()
-                  if key in search.complete and None not in values.values()}
+        ordered = sorted(search.scores.items(), key=lambda kv: search.cell.values(kv[0]))   # ties as the analysis
+        scores = {key: values for key, values in ordered if key in search.complete and None not in values.values()}
         if not scores:
             return []
         seeds = sorted({s for values in scores.values() for s in values})
