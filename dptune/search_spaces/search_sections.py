@@ -611,8 +611,7 @@ def parse_racing(value: Any) -> tuple[int | None, float | None]:
         return _on_off_or_limit(value, "racing", "max_seeds", DEFAULT_MAX_SEEDS, 2), DEFAULT_MAX_ADDED
     raw = mapping(value, "search.racing", ("max_seeds", "max_added"))
     added = raw.get("max_added", DEFAULT_MAX_ADDED)
-    return (_on_off_or_limit({"max_seeds": raw.get("max_seeds", DEFAULT_MAX_SEEDS)}, "racing", "max_seeds",
-                             DEFAULT_MAX_SEEDS, 2),
+    return (integer(raw.get("max_seeds", DEFAULT_MAX_SEEDS), "search.racing.max_seeds", ge=2),
             None if added is False or added in OFF else number(added, "search.racing.max_added", gt=0))
 
 
