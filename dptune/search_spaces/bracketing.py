@@ -10,6 +10,12 @@ grid's two end values), along the optimum's own line rather than a whole slab:
 - C: the next C at its B, with its η and one η step either side;
 - B: the next B with its C and its η scaled by √(B′/B) (the same η multiplier), one η step either side.
 
+An optimum that moved along η (an η extension, or a race) may have left its C and B neighbours behind:
+a neighbour tried only at η multipliers all below (or all above) the optimum's says nothing of whether
+that neighbour would win at the optimum's η (:func:`stale`). Its line is added as an extension of that
+axis is — the neighbour at the optimum's η multiplier and one step either side — so C and B are
+searched again where η now is (a coordinate search; in a full grid no neighbour is ever stale).
+
 It repeats until the optimum lies inside, or a data-independent rule stops it (:data:`RULES`): the
 planner's minimum steps and σ√T plateau, B within [:data:`MIN_BATCH_SIZE`, N/2], smaller C that are
 clip-equivalent, and at most ``max_extensions`` extensions per axis and cell. The rules read no
@@ -33,6 +39,8 @@ RULES = {"max_extensions": "at most {n} extensions", "min_batch": f"B ≥ {MIN_B
          "max_batch": "B ≤ N/2 ({n})", "min_steps": "at least {n} steps (pruning.min_steps)",
          "plateau": "the σ√T plateau (pruning.plateau_tol)", "clip_equivalent": "smaller C are clip-equivalent "
          "(every example clipped at every step: the same result)"}
+#: Added to a rule that stopped a :func:`stale` neighbour's line (the optimum is inside that axis's range).
+STALE_NOTE = " (its neighbour was not tried at its η)"
 
 
 def _close(a: float, b: float) -> bool:
@@ -62,6 +70,25 @@ def edges(tried: Iterable[Sequence[float]], optimum: Sequence[float]) -> list[tu
         elif _close(optimum[axis], values[0]):
             out.append((axis, -1))
     return sorted(out)
+
+
+def stale(tried: Iterable[Sequence[int]], optimum: Sequence[int]) -> list[tuple[int, int]]:
+    """(axis, side) for each C or B neighbour of ``optimum`` (positions (C, B, η multiplier); side −1 the
+    next smaller, +1 the next larger, with the optimum's other coordinate) that its cell tried, but only at
+    η multipliers all smaller or all larger than the optimum's: the optimum moved along η past what its
+    neighbour was searched at. A neighbour never tried is not stale (:func:`edges` reads those)."""
+    tried = [tuple(t) for t in tried]
+    out = []
+    for axis in (0, 1):
+        if axis == 0 and optimum[0] is None:
+            continue
+        for side in (-1, 1):
+            neighbour = list(optimum[:2])
+            neighbour[axis] += side
+            etas = [t[2] for t in tried if tuple(t[:2]) == tuple(neighbour)]
+            if etas and not min(etas) <= optimum[2] <= max(etas):
+                out.append((axis, side))
+    return out
 
 
 def extended(grid: Sequence[float], index: float) -> float | None:

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from dptune.platform.sweep.searcher import SweepSearcher
-from dptune.search_spaces.bracketing import MIN_BATCH_SIZE, edges, extended, extended_batch_size, line
+from dptune.search_spaces.bracketing import MIN_BATCH_SIZE, edges, extended, extended_batch_size, line, stale
 from sweep_plans import digits_spec, plan_of
 from test_proxy import drive   # Ray Tune with one trial at a time
 
@@ -48,6 +48,14 @@ def test_edges_read_b_in_the_cell_c_at_its_b_and_eta_at_its_c_and_b():
     assert edges(tried, (2, 10, 1)) == [(1, -1), (2, -1)]
 
 
+def test_a_neighbour_tried_only_at_etas_on_one_side_of_the_optimums_is_stale():
+    tried = [(c, b, m) for c in (0, 1, 2) for b in (0, 1) for m in (0, 1)] + [(1, 1, 2), (1, 1, 3)]
+    assert stale(tried, (1, 1, 3)) == [(0, -1), (0, 1), (1, -1)]   # C 0 and 2, B 0 tried at η ≤ 1 only
+    assert stale(tried, (1, 1, 1)) == []                          # every neighbour tried at η 1
+    assert stale(tried, (2, 0, 0)) == []                          # C 3 and B −1 never tried: edges, not stale
+    assert stale([(None, 0, 0), (None, 1, 2)], (None, 0, 3)) == [(1, 1)]
+
+
 def test_values_beyond_a_grid_follow_its_spacing_and_b_stays_within_16_and_n_over_2():
     assert extended((0.1, 0.3, 1.0), 3) == pytest.approx(1.0 * (1 / 0.3))
     assert extended((0.1, 0.3, 1.0), -2) == pytest.approx(0.1 * (0.1 / 0.3) ** 2)
@@ -76,6 +84,31 @@ def test_bracketing_reaches_an_optimum_outside_the_grid_on_each_axis(axis, optim
     reference, _ = sweep(value, bracket="off", **wide)
     assert best_of(reference, value) == pytest.approx(found)
     assert len(trials) < len(reference) / 3
+
+
+def coupled(c_star: float, b_star: int, m_star: float):
+    """Accuracy peaked at (C*, B*, m*) whose best B at a given η multiplier m is B*·m/m*: at the too-small
+    η multipliers a grid starts from, its best B is too small, and a move along η leaves it behind."""
+    def accuracy(config: dict) -> float:
+        b = config["batch_size"]
+        dm = math.log2(config["learning_rate"] / (0.25 * math.sqrt(b / 32)) / m_star)
+        return 0.9 - 0.02 * (math.log2(config["clip_bound"] / c_star) ** 2 + dm ** 2 + (math.log2(b / b_star) - dm) ** 2)
+    return accuracy
+
+
+def test_a_move_along_eta_searches_b_again_where_eta_now_is():
+    """Started two η steps too small, the grid's best B is half the optimum's; after η moves, B = 64 is
+    stale (tried only at smaller η) and is searched again at the new η. Without that, bracketing declared
+    the cell bracketed at B = 32."""
+    value = coupled(0.5, 64, 4.0)
+    trials, cell = sweep(value, clip_bound=[0.25, 0.5, 1.0], batch_size=[32, 64, 128], multipliers=[0.5, 1.0])
+    wide = dict(clip_bound=[0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0], batch_size=[16, 32, 64, 128, 256, 512],
+                multipliers=[0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
+    reference, _ = sweep(value, bracket="off", **wide)
+    assert best_of(reference, value) == pytest.approx((0.5, 64, 0.25 * math.sqrt(2) * 4.0))
+    assert best_of(trials, value) == pytest.approx(best_of(reference, value))
+    assert len(trials) < len(reference) / 3
+    assert cell.bracket.outcome != "bracketed" and "its neighbour was not tried at its η" in cell.bracket.outcome
 
 
 @pytest.mark.parametrize("optimum_b,grid_b,rule", [(4096, [256, 512], f"B ≤ N/2 ({N_DIGITS // 2})"),
@@ -130,7 +163,9 @@ def test_a_sweep_says_per_cell_that_it_bracketed_and_counts_what_it_added(rigged
     settings = RunSettings(experiment="bracket", storage=str(tmp_path), max_failures=0, verbose=0)
     outcome = run_sweep(plan, settings, trainable=rigged.planted_trainable)   # η* = 0.5: below the grid (1, 2)
     added = outcome.finished - plan.num_trials
-    assert outcome.errored == 0 and added == 2 * 2   # η×2 then η×1 at the optimum's (C, B), two seeds each
+    # η×2 then η×1 at the optimum's (C, B); after the first, C = 0.5 and 2 (tried at η×4, ×8 only) at η×1
+    # and ×2 (their η×4 is known): six configurations, two seeds each
+    assert outcome.errored == 0 and added == 2 * (2 + 4)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert lines[-1].startswith(f"[{outcome.finished}/{plan.num_trials}+{added}]")
     out = io.StringIO()

@@ -5,7 +5,9 @@ reads the cell's seed-mean optimum (under proxy runs: the proxies' ranking, whic
 were searched); for each of its C, B, η on an edge of what the cell tried, it adds the configurations
 of the next value beyond it along the optimum's line, unless a rule stops that axis. The cell then
 runs them (each once per seed, with multi-fidelity and packs as usual) and asks again, until no
-axis is on an edge ("bracketed") or every edge is stopped by a rule. Its state is part of the
+axis is on an edge ("bracketed") or every edge is stopped by a rule. A C or B neighbour left behind by
+a move along η (:func:`~dptune.search_spaces.bracketing.stale`) gets its line too, counted as an
+extension of its axis (so the plan's bound on what bracketing adds holds). Its state is part of the
 searcher's, so a resumed sweep continues the extension it was in.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import UserError
-from ...search_spaces.bracketing import AXES, RULES, edges, line
+from ...search_spaces.bracketing import AXES, RULES, STALE_NOTE, edges, line, stale
 
 #: A configuration's position in its cell: (C, B, η multiplier) indices.
 Indices = tuple[int, int, int]
@@ -58,10 +60,11 @@ class Bracket:
         self.optimum = search.cell.values(optimum)
         self.stopped = {}
         keys: list = []
-        for axis, side in edges(search.finished, optimum):
+        behind = stale(search.finished, optimum)
+        for axis, side in edges(search.finished, optimum) + behind:
             why = self.refusal(search, optimum, axis, side)
             if why is not None:
-                self.stopped[AXES[axis]] = why
+                self.stopped[AXES[axis]] = why + (STALE_NOTE if (axis, side) in behind else "")
                 continue
             new = [k for k in line(optimum, axis, side) if self._valid(search, k)]
             new = [k for k in new if k not in search.finished and k not in search.running_keys() and k not in keys]
