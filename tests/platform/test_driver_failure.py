@@ -133,8 +133,10 @@ def test_a_pack_killed_mid_run_and_resumed_records_each_member_once(tmp_path):
     spec = {**SPEC, "experiment": "packed", "axes": {**SPEC["axes"], "epochs": [3]}, "clip_bound": [2],
             "batch_size": [128], "learning_rate": {"reference": 1.0, "reference_batch_size": 128, "multipliers": [1, 4]},
             "pruning": {"min_steps": 1, "plateau_tol": 100, "max_batch_sizes": 1},
-            "search": levers_off({"algorithm": "grid", "pack": "on"})}
-    apart = {**spec, "experiment": "apart", "search": levers_off({"algorithm": "grid"})}
+            "search": levers_off({"algorithm": "grid", "pack": "on"}),
+            "resources": {**SPEC["resources"], "max_concurrent": 1}}   # one slot: the four in one pack, not split over two
+    apart = {**spec, "experiment": "apart", "search": levers_off({"algorithm": "grid"}),
+             "resources": SPEC["resources"]}
     ray_dir = tempfile.mkdtemp(prefix="rt")
     faults = tmp_path / "faults"
     log = open(tmp_path / "sweep.log", "w")

@@ -9,14 +9,19 @@ import pandas as pd
 import pytest
 from ray.tune.schedulers.async_hyperband import _Bracket
 
+from collections import deque
+
 from dptune.platform.sweep.launcher import RunSettings
+from dptune.platform.sweep.pack_policy import PackPolicy, take_pack
+from dptune.platform.sweep.searcher import SweepSearcher
+from dptune.platform.sweep.spec_sections import Resources
 from dptune.platform.store.results_store import ResultsStore
 from dptune.platform.sweep.driver import run_sweep
 from sweep_plans import digits_spec, plan_of
 
 
-def rows_of(tmp_path, name: str, spec: dict):
-    settings = RunSettings(experiment=name, storage=str(tmp_path), max_failures=0, verbose=0)
+def rows_of(tmp_path, name: str, spec: dict, resources: Resources = Resources()):
+    settings = RunSettings(experiment=name, storage=str(tmp_path), max_failures=0, verbose=0, resources=resources)
     outcome = run_sweep(plan_of(spec), settings)
     store = ResultsStore(settings.paths.store)
     return outcome, store.table("trials").set_index("config_id"), store.table("epochs")
@@ -24,10 +29,12 @@ def rows_of(tmp_path, name: str, spec: dict):
 
 def test_a_packed_sweep_records_every_member_as_the_sweep_run_apart(local_ray, tmp_path, capsys):
     # two ε × two C × η multipliers {1, 1e38} at one B and seed; clip-equivalence hands out each (B, η)'s
-    # larger C first, so two packs of four (C = 2, then C = 0.5); the 4 with η × 1e38 diverge
+    # larger C first, so (one slot: nothing to split over) two packs of four (C = 2, then C = 0.5); the 4
+    # with η × 1e38 diverge
     spec = dict(epsilon=[2.0, 8.0], batch_size=[64], clip_bound=[0.5, 2.0], multipliers=[1.0, 1e38], epochs=2,
                 model_options={"hidden": 32})
-    packed, rows, epochs = rows_of(tmp_path, "packed", digits_spec(**spec, search={"pack": "on"}))
+    packed, rows, epochs = rows_of(tmp_path, "packed", digits_spec(**spec, search={"pack": "on"}),
+                                   Resources(max_concurrent=1))
     apart, reference, reference_epochs = rows_of(tmp_path, "apart", digits_spec(**spec))
     assert len(packed.results) == 2 and len(apart.results) == 8     # two Ray Tune trials against eight
     assert (packed.finished, packed.errored) == (apart.finished, apart.errored) == (4, 4)
@@ -61,7 +68,7 @@ def test_the_scheduler_stops_members_of_a_pack_alone_as_ray_tunes_asha_decides(l
     spec = digits_spec(epsilon=[4.0], batch_size=[128], multipliers=[0.5, 2.0, 8.0, 32.0], epochs=3,
                        model_options={"hidden": 32},
                        search={"pack": "on", "scheduler": {"name": "asha", "grace_steps": 10, "reduction_factor": 2}})
-    outcome, rows, epochs = rows_of(tmp_path, "asha", spec)
+    outcome, rows, epochs = rows_of(tmp_path, "asha", spec, Resources(max_concurrent=1))   # one slot: one pack
     assert len(outcome.results) == 1 and outcome.errored == 0
     assert set(rows.status) == {"finished", "stopped"}
     order = rows.sort_values("trial_id")          # members report in their order within each epoch
@@ -84,6 +91,39 @@ def test_the_scheduler_stops_members_of_a_pack_alone_as_ray_tunes_asha_decides(l
             assert row.step < row.steps and row.epsilon_spent < row.epsilon
         else:
             assert row.step == row.steps and not math.isnan(row.accuracy)
+
+
+def test_a_group_ready_is_split_over_the_free_slots_so_that_none_idles():
+    """12 configurations that may share a pack, two slots: two packs of 6 (one pack of 12 left a core
+    idle: 0.88× the sweep run apart); with one slot taken, the rest in one; never above max_members."""
+    def entries(n, b=64):
+        return deque((0, f"p{i}", {"epsilon": 2.0, "batch_size": b, "clip_bound": 0.1 * (i + 1)}) for i in range(n))
+
+    def sizes(n, policy, running):
+        pending, out = entries(n), []
+        while pending:
+            out.append(len(take_pack(pending, policy, running=running)))
+            running += 1
+        return out
+
+    assert sizes(12, PackPolicy(slots=2), 0) == [6, 6]
+    assert sizes(12, PackPolicy(slots=2), 1) == [12]            # one slot free: all of it there
+    assert sizes(3, PackPolicy(slots=2), 0) == [2, 1]
+    assert sizes(12, PackPolicy(slots=4), 0) == [3, 3, 3, 3]
+    assert sizes(12, PackPolicy(slots=1), 0) == [12]
+    assert sizes(40, PackPolicy(slots=1, max_members=16), 0) == [16, 16, 8]
+    mixed = entries(4) + entries(2, b=32)                     # another B: its own packs, the order kept
+    first = take_pack(mixed, PackPolicy(slots=2), running=0)
+    assert [e[1] for e in first] == ["p0", "p1"] and [e[1] for e in mixed] == ["p2", "p3", "p0", "p1"]
+    assert [e[2]["batch_size"] for e in mixed] == [64, 64, 32, 32]
+
+    # the searcher: the first two suggestions of a cell of 12 configurations at one B, one seed
+    plan = plan_of(digits_spec(epsilon=[2.0], batch_size=[64], clip_bound=[0.1, 0.3, 1.0, 3.0], multipliers=[0.5, 1.0, 2.0],
+                               search={"pack": "on", "bracket": "off", "scheduler": "none", "proxy": "off"}))
+    searcher = SweepSearcher(plan, metric="test_accuracy", clip_equivalence=False, pack=PackPolicy(slots=2))
+    first, second = searcher.suggest("a"), searcher.suggest("b")
+    assert len(first["pack"]) == len(second["pack"]) == 6
+    assert {m["clip_bound"] for m in first["pack"] + second["pack"]} == {0.1, 0.3, 1.0, 3.0}
 
 
 class Recorder:

@@ -25,7 +25,8 @@ def tracked_sweep(spec: dict, experiment: str, folder) -> tuple:
     """Run ``spec`` on a local Ray of two CPUs with its trackers: (outcome, run settings)."""
     catalog = trainables_catalog()
     parsed = load_spec(spec, catalog)
-    settings = RunSettings(experiment=experiment, storage=str(folder), max_failures=0, tracking=parsed["tracking"])
+    settings = RunSettings(experiment=experiment, storage=str(folder), max_failures=0, tracking=parsed["tracking"],
+                           resources=parsed["resources"])
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
     try:
         return run_sweep(plan_of(spec, catalog), settings), settings
@@ -195,7 +196,8 @@ def test_each_member_of_a_pack_is_a_run_of_its_own(tmp_path):
 
     spec = digits_spec(epsilon=[4.0], batch_size=[64], multipliers=[1.0, 4.0], epochs=EPOCHS, model_options={"hidden": 16},
                        search={"pack": "on"}, tracking={"mlflow": {"experiment": "packed"}, "tensorboard": True,
-                                                        "wandb": {"project": "dptune-test"}})
+                                                        "wandb": {"project": "dptune-test"}},
+                       resources={"max_concurrent": 1})   # one slot: the two in one pack, not split over two
     outcome, settings = tracked_sweep(spec, "packed", tmp_path)
     assert len(outcome.results) == 1 and outcome.finished == 2
     rows = ResultsStore(settings.paths.store).table("trials").set_index("trial_id")

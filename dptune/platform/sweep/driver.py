@@ -23,7 +23,7 @@ from .catalog import trainables_catalog
 from .equivalence import EquivalenceLog, write_equivalent_rows
 from .kept import keeping, kept_results
 from .live_status import mark_ended
-from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray
+from .launcher import RunSettings, max_concurrent, resourced, run_config, start_ray, trial_slots
 from ..store.durable import read_json, write_json
 from ..store.layout import DEFAULT_SPEC, PLAN_FILE, SETTINGS_FILE, ExperimentPaths, absolute
 from .pack_policy import PackPolicy
@@ -103,7 +103,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
     start_ray(address, log_to_driver=bool(settings.verbose))
     scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode=plan.mode)
-    packing = PackPolicy.for_sweep(plan.space.search, settings.resources)
+    packing = PackPolicy.for_sweep(plan.space.search, settings.resources, trial_slots(settings))
     searcher = SweepSearcher(plan, metric=plan.metric, mode=plan.mode, on_equivalent=EquivalenceLog(settings.paths.absolute()),
                              pack=packing, paths=settings.paths.absolute())
     tuner = tune.Tuner(

@@ -151,6 +151,19 @@ def max_concurrent(settings: RunSettings) -> int | None:
     resources = settings.resources
     if resources.max_concurrent is not None or resources.workers <= 1 or not ray.is_initialized():
         return resources.max_concurrent
+    return _cluster_fits(resources)
+
+
+def trial_slots(settings: RunSettings) -> int:
+    """How many one-worker trials run at once (packs are split over them): as many as the cluster's
+    CPUs (and GPUs) hold at the spec's per-trial resources, at most its ``max_concurrent``; 1 without Ray."""
+    resources = settings.resources
+    fits = _cluster_fits(resources) if ray.is_initialized() else 1
+    return fits if resources.max_concurrent is None else max(1, min(fits, resources.max_concurrent))
+
+
+def _cluster_fits(resources: Resources) -> int:
+    """Trials of ``resources`` (per worker) the cluster's CPUs and GPUs hold at once, at least one."""
     available = ray.cluster_resources()
     fits = [available.get("CPU", 0.0) // resources.cpu]
     if resources.gpu:

@@ -4,7 +4,9 @@ groups them: no Ray, no torch (``dptune plan`` prints each cell's packs from her
 Trial configs that may share a model (:func:`pack_key`: everything but C, η, ε, σ and the figures
 that follow from them — the same data, model, B, seed, epochs and options, so the same Poisson batches
 and initial weights) are grouped into a pack of at most :attr:`PackPolicy.max_members`; a config that
-cannot be packed (:meth:`PackPolicy.refusal`) or has no partner runs as before. A pack's Ray Tune config
+cannot be packed (:meth:`PackPolicy.refusal`) or has no partner runs as before. A group is split over
+the trial slots free when it is handed out (:func:`take_pack`): with 12 configurations ready and two
+cores free, two packs of 6 rather than one pack of 12 on one core while the other idles. A pack's Ray Tune config
 is ``{"pack": [member trial configs]}``; :mod:`dptune.platform.sweep.packs` makes its members trials everywhere else.
 """
 from __future__ import annotations
@@ -40,16 +42,19 @@ class PackPolicy:
 
     max_members: int = MAX_MEMBERS
     max_batch_size: int | None = CPU_MAX_BATCH_SIZE
+    #: trials the cluster runs at once (a CPU, or a GPU share, each): a group ready is split over
+    #: those free rather than leave one idle
+    slots: int = 1
 
     @classmethod
-    def for_sweep(cls, search: "Search", resources: "Resources") -> "PackPolicy | None":
+    def for_sweep(cls, search: "Search", resources: "Resources", slots: int = 1) -> "PackPolicy | None":
         """The sweep's policy (None: nothing is packed: the lever is off, or trials span several
         workers): any B on a GPU, B ≤ :data:`CPU_MAX_BATCH_SIZE` on a CPU; at most
-        ``search.pack: N`` members (default :data:`MAX_MEMBERS`)."""
+        ``search.pack: N`` members (default :data:`MAX_MEMBERS`), over ``slots`` trial slots."""
         if not search.pack or resources.workers > 1:
             return None
         return cls(max_members=search.pack_members or MAX_MEMBERS,
-                   max_batch_size=None if resources.gpu > 0 else CPU_MAX_BATCH_SIZE)
+                   max_batch_size=None if resources.gpu > 0 else CPU_MAX_BATCH_SIZE, slots=max(1, slots))
 
     def refusal(self, config: dict) -> str | None:
         """Why a trial config runs alone, not in a pack (None: it may share one)."""
@@ -90,19 +95,22 @@ def pack_key(config: dict) -> str:
     return repr(sorted((k, repr(v)) for k, v in config.items() if k not in MEMBER_KEYS))
 
 
-def take_pack(pending: deque, policy: PackPolicy) -> list:
+def take_pack(pending: deque, policy: PackPolicy, running: int = 0) -> list:
     """Remove from ``pending`` (entries ``(cell, proposal id, trial config)``) its first entry and
-    every later one that can share its pack, up to ``policy.max_members``; the rest keep their order."""
+    later ones that can share its pack: of the g that can, ⌈g / free⌉ (at most ``policy.max_members``),
+    where free is the slots not taken by the ``running`` trials (at least one), so that the rest can fill
+    the other free slots; everything not taken keeps its order."""
     first = pending.popleft()
     if not policy.packable(first[2]):
         return [first]
-    key, taken, rest = pack_key(first[2]), [first], deque()
-    while pending:
-        entry = pending.popleft()
-        if len(taken) < policy.max_members and policy.packable(entry[2]) and pack_key(entry[2]) == key:
-            taken.append(entry)
-        else:
-            rest.append(entry)
+    key = pack_key(first[2])
+    group = [i for i, entry in enumerate(pending) if policy.packable(entry[2]) and pack_key(entry[2]) == key]
+    free = max(1, policy.slots - running)
+    size = min(policy.max_members, math.ceil((len(group) + 1) / free))
+    chosen = set(group[:size - 1])
+    taken = [first] + [entry for i, entry in enumerate(pending) if i in chosen]
+    rest = [entry for i, entry in enumerate(pending) if i not in chosen]
+    pending.clear()
     pending.extend(rest)
     return taken
 
