@@ -9,15 +9,7 @@ register when ``dptune.platform.sweep.spec_sections`` is imported (the sweep and
 """
 from __future__ import annotations
 
-from typing import Any
+from ..lazy_names import lazy_names
 
 __all__ = ["ResultsStore"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ResultsStore":
-        from .store.results_store import ResultsStore
-
-        globals()[name] = ResultsStore
-        return ResultsStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, {"ResultsStore": ".store.results_store"})

@@ -6,24 +6,11 @@ the accountant.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy_names import lazy_names
 
 __all__ = ["calibrate_noise", "epsilon_spent", "NORM_ESTIMATORS"]
-_PUBLIC = {"calibrate_noise": ".calibration", "epsilon_spent": ".accountant"}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "NORM_ESTIMATORS":
-        from .validation import NORM_ESTIMATORS
-
-        value: Any = NORM_ESTIMATORS
-    elif name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, {"calibrate_noise": ".calibration", "epsilon_spent": ".accountant",
+                                    "NORM_ESTIMATORS": ".validation"})
 
 
 def __dir__() -> list[str]:

@@ -7,23 +7,18 @@ The public names below are imported on first use (PEP 562), so importing a light
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy_names import lazy_names
 
 _PUBLIC = {"DPEngine": ".engine.dp_engine", "PoissonSampler": ".engine.sampling",
            "ghost_sq_norms": ".engine.norm_estimators", "hutchinson_sq_norms": ".engine.norm_estimators",
-           "hutchpp_sq_norms": ".engine.norm_estimators", "rmt_denoise": ".engine.denoise"}
+           "hutchpp_sq_norms": ".engine.norm_estimators", "rmt_denoise": ".engine.denoise",
+           "create_model": ".models.catalog", "load_dataset": ".data.catalog"}
 
-__all__ = ["DPEngine", "PoissonSampler", "ghost_sq_norms", "hutchinson_sq_norms", "hutchpp_sq_norms", "rmt_denoise"]
+__all__ = ["DPEngine", "PoissonSampler", "create_model", "ghost_sq_norms", "hutchinson_sq_norms", "hutchpp_sq_norms",
+           "load_dataset", "rmt_denoise"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _PUBLIC)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+    return sorted({*globals(), *_PUBLIC})
