@@ -531,7 +531,6 @@ def _report_outcome(outcome, out: TextIO) -> int:
     """Print what the sweep found and draw its heatmaps beside the store."""
     from .analysis.report import write_heatmaps
     from .platform.store.results_store import ResultsStore
-    from .platform.sweep.driver import summary_table
 
     paths = outcome.paths
     if outcome.recurring is not None:
@@ -544,7 +543,7 @@ def _report_outcome(outcome, out: TextIO) -> int:
         write_heatmaps(ResultsStore(paths.store), paths.figures, out=out)
         print(f"heatmaps: {paths.figures}  (full report: dptune report --store {paths.root})", file=out)
     else:
-        print(summary_table(paths.store), file=out)
+        print("(no finished trials)", file=out)
     return EXIT_OK if outcome.errored == 0 and outcome.unrun == 0 else EXIT_FAILURE
 
 

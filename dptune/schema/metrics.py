@@ -57,6 +57,8 @@ LOSSES = tuple(sorted({m.loss for m in METRICS.values() if m.loss is not None}))
 #: validation split). The first is the task's default.
 TASK_METRICS = {"classification": ("test_accuracy", "validation_accuracy"),
                 "generation": ("test_nll", "validation_nll")}
+#: The metric a sweep selects on when its spec names none (a classification's test accuracy).
+DEFAULT_METRIC = TASK_METRICS["classification"][0]
 #: Tasks (the ``task`` of a dataset; datasets not named in a registry's task table are classifications).
 TASKS = tuple(TASK_METRICS)
 

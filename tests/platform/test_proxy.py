@@ -122,7 +122,7 @@ def test_a_proxy_sweep_stores_labelled_proxies_and_the_full_scale_answer(local_r
 
     from dptune.platform.sweep.launcher import RunSettings
     from dptune.platform.store.results_store import ResultsStore
-    from dptune.platform.sweep.driver import run_sweep, summary_table
+    from dptune.platform.sweep.driver import run_sweep
 
     plan = plan_of(digits_spec(epsilon=2.0, batch_size=[200, 400], clip_bound=(0.5, 2.0), epochs=2,
                                model_options={"hidden": 32}, search={"algorithm": "grid", "proxy": {"batch_divisor": 2}}))
@@ -146,12 +146,14 @@ def test_a_proxy_sweep_stores_labelled_proxies_and_the_full_scale_answer(local_r
     assert (final.sample_rate, final.steps) == (pytest.approx(q), steps)
     assert_calibrated(final.noise_multiplier, 2.0, 1e-5, q, steps)
     assert final.epsilon_spent <= 2.0
-    summary = summary_table(str(settings.paths.store)).splitlines()   # the answer, not a proxy, is the cell's result
-    assert len(summary) == 2 and f" {int(final.batch_size)} " in summary[1]
     from dptune.analysis.results import Sweep
 
-    # the analysis has one cell: proxies (their own B and epochs) are not cells of their own
-    assert Sweep.from_frame(rows).cells()["cell_name"].tolist() == ["digits · mlp[hidden=32] · ε=2 · 2 epochs"]
+    # the analysis has one cell: proxies (their own B and epochs) are not cells of their own; its
+    # optimum is the answer, not a proxy
+    optima = Sweep.from_frame(rows).optima()
+    assert optima["cell_name"].tolist() == ["digits · mlp[hidden=32] · ε=2 · 2 epochs"]
+    assert (optima.clip_bound[0], optima.batch_size[0], optima.accuracy[0]) == \
+        (final.clip_bound, final.batch_size, final.accuracy)
 
 
 def test_auto_divisor_is_per_batch_size_the_largest_power_of_two_in_the_measured_region():

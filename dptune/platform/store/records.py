@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ...schema import METRICS, names
+from ...schema import DEFAULT_METRIC, METRICS, names
 from ...schema.metrics import SCORES
 from .results_store import to_json
 
@@ -47,7 +47,7 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     """One ``trials`` row from a trial's flat config (:mod:`dptune.platform.sweep.trial_config`) and last result: axes,
     hyperparameters, privacy figures, final results, status, the config itself."""
     last = last or {}
-    metric = config.get("metric") or "test_accuracy"
+    metric = config.get("metric") or DEFAULT_METRIC
     row = {"trial_id": trial_id, "experiment": experiment, "status": status, "error": error,
            "cell": config.get("cell")}
     row.update({k: config.get(k) for k in AXES + STORED_FIELDS})
@@ -83,7 +83,7 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
     return row
 
 
-def epoch_rows(history: list[dict], metric: str = "test_accuracy") -> list[dict]:
+def epoch_rows(history: list[dict], metric: str = DEFAULT_METRIC) -> list[dict]:
     """One ``epochs`` row per epoch: the curve (``accuracy``/``loss``: the sweep's ``metric``, as in
     the trials row), per-class accuracy and every other scalar metric under its own name."""
     rows = []

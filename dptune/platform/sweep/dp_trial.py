@@ -15,7 +15,7 @@ from typing import Callable
 
 from ...errors import UserError
 from ...timeline import mark
-from ...schema import LOSS_OF
+from ...schema import DEFAULT_METRIC, LOSS_OF
 from ...trainables.training import PrivacyPlan, Trainer, divergence
 from . import tune_adapter
 from .trial_config import plan_figures, train_config
@@ -31,7 +31,7 @@ def run_trial(config: dict, on_workers: Callable[[dict], None] | None = None) ->
         return
     trainer = planned_trainer(config)
     mark("trainer_built")
-    metric = config.get("metric", "test_accuracy")
+    metric = config.get("metric", DEFAULT_METRIC)
     trainer.fit(lambda metrics, history: tune_adapter.report(
                     epoch_report(metrics, trainer.plan, trainer.trainable, history, metric),
                     state=run_state(trainer, history)),
@@ -63,7 +63,7 @@ def check_plan(planned: dict, plan: PrivacyPlan) -> None:
 
 
 def epoch_report(metrics: dict, plan: PrivacyPlan, trainable: int, history: list[dict] | None = None,
-                 metric: str = "test_accuracy") -> dict:
+                 metric: str = DEFAULT_METRIC) -> dict:
     """Flat scalar metrics for Ray Tune, the sweep's ``metric`` (what the searcher and scheduler
     compare) and its loss first (the progress table shows them), plus the run's privacy plan and
     ``fully_clipped`` (1 when every example of every step so far was clipped: the searcher's

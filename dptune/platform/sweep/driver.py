@@ -15,6 +15,7 @@ from typing import Callable, TextIO
 import ray
 from ray import tune
 
+from ...schema import DEFAULT_METRIC
 from ...errors import UserError
 from ...timeline import mark
 from ...search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
@@ -54,7 +55,7 @@ class SweepOutcome:
     #: left): 0 for a complete sweep; `dptune resume` runs the rest
     unrun: int = 0
     #: the metric the sweep selected on (``SweepPlan.metric``)
-    metric: str = "test_accuracy"
+    metric: str = DEFAULT_METRIC
     #: the error of its input or environment that stopped the sweep (it would recur in every trial)
     recurring: str | None = None
 
@@ -199,15 +200,7 @@ def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSea
     if unrun:
         print(f"dptune: the plan is not complete: {unrun} planned trial(s) did not run; "
               f"`dptune resume {settings.paths.root}` runs them", file=out)
-    metric = searcher.metric if searcher is not None else "test_accuracy"
+    metric = searcher.metric if searcher is not None else DEFAULT_METRIC
     return SweepOutcome(settings.paths, len(endings) - errored, errored, results, unrun, metric,
                         recurring_error(r.metrics for r in results))
 
-
-def summary_table(store: str) -> str:
-    """Best accuracy per cell with its (C, B, η): what the sweep found (``store``: the store folder)."""
-    frame = ResultsStore(store).query(
-        "SELECT cell, accuracy, clip_bound AS C, batch_size AS B, learning_rate AS lr, epsilon_spent "
-        "FROM trials WHERE status = 'finished' QUALIFY row_number() OVER (PARTITION BY cell ORDER BY accuracy DESC) = 1 "
-        "ORDER BY cell")
-    return frame.to_string(index=False) if len(frame) else "(no finished trials)"

@@ -17,7 +17,7 @@ import json
 import math
 from typing import Callable
 
-from ...schema import METRICS
+from ...schema import DEFAULT_METRIC, METRICS
 from ...schema.metrics import SCORES
 from . import tune_adapter
 from .pack_policy import PACK
@@ -58,7 +58,7 @@ def keeping(trainable: Callable[[dict], None], kept: dict[str, dict]) -> Callabl
             if None in results:
                 trainable(config, **options)
             else:
-                metric = config[PACK][0].get("metric", "test_accuracy")   # Ray Tune wants it in every result
+                metric = config[PACK][0].get("metric", DEFAULT_METRIC)   # Ray Tune wants it in every result
                 tune_adapter.report({metric: math.nan, KEPT: 1, "members": {str(k): {**r, KEPT: 1, "member_status": "ended"}
                                                           for k, r in enumerate(results)}})
             return

@@ -26,6 +26,7 @@ import ray
 import ray.train
 from ray import tune
 
+from ...schema import DEFAULT_METRIC
 from ...trainables.training import TrialDiverged, check_workers, divergence
 from . import tune_adapter
 from .spec_sections import Resources
@@ -110,7 +111,7 @@ def _worker_loop(loop_config: dict) -> None:
         config = {**config, "device": str(device)}
     trainer = planned_trainer(config, workers=workers)
     rank0 = workers.rank == 0
-    metric = config.get("metric", "test_accuracy")
+    metric = config.get("metric", DEFAULT_METRIC)
 
     def report(metrics: dict, history: list) -> None:
         tune_adapter.train_report(epoch_report(metrics, trainer.plan, trainer.trainable, history, metric),

@@ -15,7 +15,7 @@ import math
 
 import ray
 
-from ...schema import METRICS
+from ...schema import DEFAULT_METRIC, METRICS
 from ...trainables.pack_training import PackTrainer
 from . import tune_adapter
 from .pack_policy import member_configs
@@ -30,7 +30,7 @@ def run_pack(config: dict) -> None:
     trainer = PackTrainer([train_config(c) for c in configs])
     for c, plan in zip(configs, trainer.plans):
         check_plan(plan_figures(c), plan)
-    metric = configs[0].get("metric", "test_accuracy")
+    metric = configs[0].get("metric", DEFAULT_METRIC)
     trial_id = ray.tune.get_context().get_trial_id()
 
     def apply_stops() -> None:

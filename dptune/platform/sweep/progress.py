@@ -8,7 +8,7 @@ from typing import Callable, TextIO
 
 from ray import tune
 
-from ...schema import METRICS
+from ...schema import DEFAULT_METRIC, METRICS
 from ..store.layout import ExperimentPaths, added_trials
 from ..store.records import reported, stopped_early
 from .trial_errors import error_line
@@ -126,7 +126,7 @@ class TrialLines(tune.Callback):
         train = trial.config if isinstance(trial.config, dict) else {}
         last = trial.last_result or {}
         parts = [f"[{self._count()}]", f"{status:<8}", *self._describe(trial)]
-        metric = train.get("metric", "test_accuracy")
+        metric = train.get("metric", DEFAULT_METRIC)
         value = last.get(metric)
         if value is not None and value == value:   # a trial that failed before its first epoch has NaN
             parts.append(f"{METRICS[metric].short if metric in METRICS else metric} {value:.4f}")
