@@ -24,6 +24,11 @@ m ∈ {0.5, 1}; seed 0).
   cell's best);
   ``dptune-nopack``: the plain spec with packed trials named off (``search.pack: off``), the reference
   of packed trials (issue 36);
+  ``dptune-gp`` / ``dptune-tpe``: Optuna's GP or TPE sampler (``search.algorithm``) with
+  ``--search-budget`` configurations per cell, C and η continuous between the grid's ends for GP,
+  multi-fidelity, proxies and transfer off; for each, and for ``dptune-nolevers`` (the full grid with
+  the same trainer), the trials and seconds until its best so far is within 1 point of the
+  ``dptune-nolevers`` grid's best at each ε (issue 48);
   ``dptune@DIR`` (with ``--compare-with DIR``): the ``dptune`` run from another checkout (e.g. the
   code before a change), for the change's own row.
 
@@ -55,7 +60,7 @@ DELTA, SEED = 1e-5, 0
 ETA_REF, B_REF = 2.0, 128
 RUNS = ["baseline", "dptune", "dptune-nopack", "dptune-nolevers", "dptune-asha", "dptune-asha-epochs", "dptune-proxy",
         "dptune-proxy-asha", "dptune-all-B", "dptune-asha-all-B", "dptune-proxy-all-B", "dptune-transfer",
-        "dptune-asha-transfer", "dptune-proxy-asha-transfer"]
+        "dptune-asha-transfer", "dptune-proxy-asha-transfer", "dptune-gp", "dptune-tpe"]
 #: The scheduler of the runs named ``…asha…``: rungs in optimizer steps (the embedded default's), or at
 #: epoch ends for ``…asha-epochs…``.
 ASHA = {"steps": "{name: asha, grace_steps: 20, reduction_factor: 3}",
@@ -135,13 +140,14 @@ def run_baseline(args: argparse.Namespace, storage: str) -> dict:
 
 
 def spec_text(args: argparse.Namespace, *, scheduler: str | None, capped: bool, proxy: int | str,
-              transfer: bool = False, plain: bool = False, pack: bool = True) -> str:
+              transfer: bool = False, plain: bool = False, pack: bool = True, algorithm: str = "grid",
+              budget: int = 12) -> str:
     """The cells as a dptune sweep spec (the embedded default's pruning); ``capped=False`` searches
     every B on the σ√T plateau, not only two of them; ``proxy`` k > 1 (or ``auto``: k per B) ranks at B/k and σ/k, then
     trains each cell's choice at full scale; ``transfer`` searches each smaller ε near the previous best. Every lever
     is named, on or off, unless ``plain``: then none is (dptune decides) but packed trials when ``pack`` is
-    false."""
-    search = ("search: {algorithm: grid"
+    false. ``algorithm`` gp or tpe: that sampler, ``budget`` configurations per cell."""
+    search = (f"search: {{algorithm: {algorithm}" + (f", budget: {budget}, seed: 0" if algorithm != "grid" else "")
               + f", scheduler: {ASHA[scheduler] if scheduler else 'none'}"
               + (f", proxy: {{batch_divisor: {proxy}}}" if proxy != 1 else ", proxy: off")
               + (", transfer: {radius: 1}" if transfer else ", transfer: off") + "}")
@@ -166,11 +172,13 @@ def run_dptune(args: argparse.Namespace, name: str, storage: str) -> dict:
     scheduler = ("epochs" if "asha-epochs" in base else "steps") if "asha" in base else None
     spec.write_text(spec_text(args, scheduler=scheduler, capped=not base.endswith("all-B"),
                               proxy=args.proxy_divisor if "proxy" in base else 1, transfer=base.endswith("transfer"),
-                              plain=base in ("dptune", "dptune-nopack"), pack=base != "dptune-nopack"))
+                              plain=base in ("dptune", "dptune-nopack"), pack=base != "dptune-nopack",
+                              algorithm=base.removeprefix("dptune-") if base in ("dptune-gp", "dptune-tpe") else "grid",
+                              budget=args.search_budget))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTUNE_CACHE_DIR": str(Path(storage) / "cache")}
     if checkout:
         env["PYTHONPATH"] = checkout
-    start = time.perf_counter()
+    start, launched = time.perf_counter(), time.time()
     proc = subprocess.run([sys.executable, "-m", "dptune", "sweep", str(spec), "--storage", storage, "--quiet"],
                           cwd=storage, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
@@ -185,9 +193,21 @@ def run_dptune(args: argparse.Namespace, name: str, storage: str) -> dict:
         if r["status"] == "finished" and (r["epsilon"] not in best or r["accuracy"] > best[r["epsilon"]]["accuracy"]):
             best[r["epsilon"]] = {"accuracy": r["accuracy"],
                                   "config": {k: r[k] for k in ("clip_bound", "batch_size", "learning_rate")}}
+    ended = sorted((r for r in rows if r["status"] != "equivalent"), key=lambda r: r["written_at"])
     return {"wall_s": wall, "trials": len(rows),
             "examples": sum((r.get("step") or 0) * r["batch_size"] for r in rows if r["status"] != "equivalent"),
-            "best": best}
+            "best": best, "order": [(r["written_at"] - launched, r["epsilon"], r["accuracy"] if r["status"] == "finished"
+                                     else None) for r in ended]}
+
+
+def to_regret(order: list, epsilon: float, target: float) -> tuple[int, float] | None:
+    """(trials of the cell ended, seconds since launch) when a finished trial of the cell at ``epsilon``
+    first reached ``target``, or None."""
+    mine = [(t, a) for t, e, a in order if e == epsilon]
+    for k, (seconds, accuracy) in enumerate(mine, 1):
+        if accuracy is not None and accuracy >= target:
+            return k, seconds
+    return None
 
 
 def reevaluate(args: argparse.Namespace, epsilon: float, config: dict) -> list[float]:
@@ -223,6 +243,8 @@ def main() -> None:
     parser.add_argument("--proxy-divisor", type=lambda v: v if v == "auto" else int(v), default=3,
                         help="k of the proxy runs, or auto (per B the largest power of two that keeps σ/k >= 0.5 "
                              "and B/k >= 16) [%(default)s: the largest that keeps σ/k >= 0.5 at B = 32, ε = 1]")
+    parser.add_argument("--search-budget", type=int, default=12,
+                        help="configurations per cell of dptune-gp and dptune-tpe [%(default)s]")
     parser.add_argument("--compare-with", metavar="DIR", help="also run `dptune` from this checkout (dptune@DIR)")
     parser.add_argument("--reevaluate", type=int, default=5, metavar="SEEDS",
                         help="retrain each run's chosen configuration under this many seeds, the main figure "
@@ -256,6 +278,16 @@ def main() -> None:
             gap = f" ({100 * (mine['accuracy'] - theirs['accuracy']):+.1f})" if mine and theirs else ""
             cells.append(f"{mine['accuracy']:.4f}{gap}" if mine else "—")
         print(f"| {name} | {r['wall_s']:.0f} | {speed} | {r['trials']} | {r['examples']:,} | " + " | ".join(cells) + " |")
+    grid = results.get("dptune-nolevers", {}).get("best", {})
+    if grid:
+        print("\nTo regret ≤ 1 point of the dptune-nolevers grid's best (its single draw per configuration): "
+              "trials ended in the cell, seconds since launch")
+        for name in ("dptune-nolevers", "dptune-gp", "dptune-tpe"):
+            if "order" in results.get(name, {}):
+                reached = [to_regret(results[name]["order"], e, grid[e]["accuracy"] - 0.01) if e in grid else None
+                           for e in epsilons]
+                print(f"| {name} | " + " | ".join("not reached" if r is None else f"{r[0]} trials, {r[1]:.0f} s"
+                                                  for r in reached) + " |")
     if not args.reevaluate:
         return
     main_figure(args, results, epsilons)
