@@ -35,7 +35,7 @@ def trivial_trainable(stamps: str):
         import os
         with open(os.path.join(stamps, str(config["seed"])), "w") as f:
             f.write(repr(time.time()))
-        tune_adapter.report({"test_accuracy": 0.5, "test_loss": 1.0, "epsilon_spent": 1.0, "epoch": 1, "step": config["steps"],
+        tune_adapter.report({"test_accuracy": 0.5, "score": 0.5, "test_loss": 1.0, "epsilon_spent": 1.0, "epoch": 1, "step": config["steps"],
                              "steps": config["steps"]},
                             state={"history": [{"epoch": 1, "test_accuracy": 0.5, "test_loss": 1.0}]})
     return trivial

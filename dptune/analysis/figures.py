@@ -69,13 +69,13 @@ def _wrap(title: str, width: int = 42) -> str:
 def heatmap_figure(table: pd.DataFrame, cells: pd.DataFrame, facet: str, *, across: str = "epsilon",
                    baseline: float | None = None, metric: str = "test accuracy",
                    lower_is_better: bool = False) -> Figure:
-    """C × B heatmaps of the best accuracy (the selected ``metric``) over η, one panel per cell of a
+    """C × B heatmaps of the best value of the selected ``metric`` over η, one panel per cell of a
     facet (ordered by ``across``), on one colour scale (one colour bar: a colour means the same value
     in every panel; reversed where lower is better, so the bright end is always the better); the
     optimum is starred with its η; errored-only settings read "error"."""
     fig, axes = _layout(len(cells), 4.4, 3.9)
     shown = table[table["cell_name"].isin(cells["cell_name"])]
-    values = shown["accuracy"].to_numpy(dtype=float)
+    values = shown["value"].to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     if hi - lo < 1e-3:
@@ -115,8 +115,8 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float, lo
     eta = np.full_like(acc, np.nan)
     for _, r in table.iterrows():
         i, j = bs.index(r["batch_size"]), cs.index(r["clip_bound"])
-        acc[i, j], eta[i, j], errored[i, j] = r["accuracy"], r["learning_rate"], r["errored"] > 0
-        score[i, j] = r.get("score", r["accuracy"])
+        acc[i, j], eta[i, j], errored[i, j] = r["value"], r["learning_rate"], r["errored"] > 0
+        score[i, j] = r["score"]
         tied[i, j] = bool(r.get("indistinguishable", False))
     finite = acc[np.isfinite(acc)]
     xe, ye = _edges(cs), _edges(bs)
@@ -177,14 +177,14 @@ def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float], eta_tune
     fig = Figure(figsize=(8.5, 1.6 + 0.45 * n), layout="constrained")
     ax = fig.subplots()
     y = np.arange(len(cost))
-    ax.barh(y - 0.2, cost["accuracy"], height=0.38, color="#2a9d8f", label="each cell's optimal (C, B, η)")
-    ax.barh(y + 0.2, cost["fixed_accuracy"].fillna(0), height=0.38, color="#e76f51",
+    ax.barh(y - 0.2, cost["value"], height=0.38, color="#2a9d8f", label="each cell's optimal (C, B, η)")
+    ax.barh(y + 0.2, cost["fixed_value"].fillna(0), height=0.38, color="#e76f51",
             label=f"fixed C={fmt(setting[0])}, B={fmt(setting[1])} ({'η tuned' if eta_tuned else 'η not tuned'})")
-    top = 1.0 if not lower_is_better else float(np.nanmax([cost["accuracy"].max(), cost["fixed_accuracy"].max()]))
+    top = 1.0 if not lower_is_better else float(np.nanmax([cost["value"].max(), cost["fixed_value"].max()]))
     for k, (_, r) in enumerate(cost.iterrows()):
         worse = f"+{r['cost']:.3f}" if lower_is_better else f"−{100 * r['cost']:.1f} pts"
-        text = "not run" if pd.isna(r["fixed_accuracy"]) else worse if r["cost"] > 0 else "optimal"
-        ax.text(max(r["accuracy"], r["fixed_accuracy"] if pd.notna(r["fixed_accuracy"]) else 0, 0) + 0.01 * top, k,
+        text = "not run" if pd.isna(r["fixed_value"]) else worse if r["cost"] > 0 else "optimal"
+        ax.text(max(r["value"], r["fixed_value"] if pd.notna(r["fixed_value"]) else 0, 0) + 0.01 * top, k,
                 text, va="center", fontsize=8)
     ax.set_yticks(y, labels=[_wrap(c, 60) for c in cost["cell_name"]], fontsize=8)
     ax.invert_yaxis()

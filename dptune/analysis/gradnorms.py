@@ -25,7 +25,7 @@ def optimum_trial_ids(sweep: Sweep) -> dict[str, list[str]]:
     optima = sweep.optima()
     done = sweep.finished()
     out = {}
-    for _, best in optima[optima["private"] & optima["accuracy"].notna()].iterrows():
+    for _, best in optima[optima["private"] & optima["value"].notna()].iterrows():
         at = done[(done["cell_name"] == best["cell_name"]) & np.isclose(done["clip_bound"], best["clip_bound"])
                   & np.isclose(done["batch_size"], best["batch_size"])
                   & np.isclose(done["learning_rate"], best["learning_rate"])]

@@ -7,7 +7,7 @@ results = dptune.open_store("dptune-results/default")   # an experiment folder, 
 results.trials.head()                                    # one row per trial
 results.optima                                           # the best (C, B, η) per cell
 results.heatmaps()["digits · cnn · 8 epochs"]            # a matplotlib Figure, one panel per ε
-results.sql("SELECT cell, max(accuracy) FROM trials GROUP BY cell")
+results.sql("SELECT cell, max(score) FROM trials GROUP BY cell")
 ```
 
 Everything is read through the store's read-only reader, the same one ``dptune query`` and

@@ -138,8 +138,8 @@ def _baseline_for(a: Analysis, cell: pd.Series) -> float | None:
     rest = [c for c in a.sweep.cell_columns if c != "epsilon"]
     key = tuple(cell[c] for c in rest)
     for _, other in a.optima[~a.optima["private"]].iterrows():
-        if tuple(other[c] for c in rest) == key and pd.notna(other["accuracy"]):
-            return float(other["accuracy"])
+        if tuple(other[c] for c in rest) == key and pd.notna(other["value"]):
+            return float(other["value"])
     return None
 
 
@@ -182,19 +182,19 @@ def gradnorm_figures(a: Analysis) -> list[tuple[str, Figure, Figure]]:
 
 
 def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = (), metric: str = "accuracy") -> list[str]:
-    """One line per cell: its optimal (C, B, η) and accuracy (the selected ``metric``, as
+    """One line per cell: its optimal (C, B, η) and value (of the selected ``metric``, as
     :attr:`Sweep.metric_label` names it), with its error bar where seeds allow; then the between-cell
     statements (or the one line saying a single seed cannot tell)."""
     lines = []
     for _, r in optima.iterrows():
-        if pd.isna(r["accuracy"]):
+        if pd.isna(r["value"]):
             lines.append(f"{r['cell_name']}: no finished trial")
             continue
         clip = f"C={fmt(r['clip_bound'])}" if r["private"] else "no clipping"
         line = (f"{r['cell_name']}: {clip}, B={fmt(r['batch_size'])}, η={fmt(r['learning_rate'])}: "
-                f"{metric} {r['accuracy']:.4f} (mean of {int(r['seeds'])} seed(s))")
-        if pd.notna(r.get("accuracy_low")):
-            line += (f", {1 - ALPHA:.0%} interval [{r['accuracy_low']:.4f}, {r['accuracy_high']:.4f}]; "
+                f"{metric} {r['value']:.4f} (mean of {int(r['seeds'])} seed(s))")
+        if pd.notna(r.get("value_low")):
+            line += (f", {1 - ALPHA:.0%} interval [{r['value_low']:.4f}, {r['value_high']:.4f}]; "
                      f"{int(r['indistinguishable'])} setting(s) not distinguishable from it, C in "
                      f"[{fmt(r['clip_bound_min'])}, {fmt(r['clip_bound_max'])}], B in "
                      f"[{fmt(r['batch_size_min'])}, {fmt(r['batch_size_max'])}]")
@@ -352,11 +352,11 @@ def _figure_html(fig: Figure, alt: str, caption: str) -> str:
 
 
 def _summary_section(a: Analysis) -> str:
-    s = a.sweep.summary()
-    for col in ("best accuracy", "median accuracy"):
+    s = a.sweep.summary().drop(columns=["best accuracy", "median accuracy"])
+    for col in ("best value", "median value"):
         s[col] = s[col].map(_acc)
     name = a.sweep.metric_name   # the table names the metric it holds
-    s = s.rename(columns={"best accuracy": f"best {name}", "median accuracy": f"median {name}"})
+    s = s.rename(columns={"best value": f"best {name}", "median value": f"median {name}"})
     train_time = shown("train time (s)", "train_time_s")
     if train_time in s:
         s[train_time] = s[train_time].map(lambda v: f"{v:.1f}")
@@ -430,9 +430,9 @@ def _optima_section(a: Analysis) -> str:
         baseline = _baseline_for(a, r) if r["private"] else None
         row = {"cell": r["cell_name"], "C": "— (no clipping)" if not r["private"] else _cell_text(r["clip_bound"]),
                "B": _cell_text(r["batch_size"]), "η": _cell_text(r["learning_rate"]),
-               label: _acc(r["accuracy"]), "seeds": _cell_text(r.get("seeds")),
-               f"{1 - ALPHA:.0%} interval": (f"{_acc(r['accuracy_low'])}–{_acc(r['accuracy_high'])}"
-                                           if pd.notna(r.get("accuracy_low")) else "—"),
+               label: _acc(r["value"]), "seeds": _cell_text(r.get("seeds")),
+               f"{1 - ALPHA:.0%} interval": (f"{_acc(r['value_low'])}–{_acc(r['value_high'])}"
+                                           if pd.notna(r.get("value_low")) else "—"),
                "not distinguishable": (f"{int(r['indistinguishable'])} (C {fmt(r['clip_bound_min'])}–"
                                        f"{fmt(r['clip_bound_max'])})" if pd.notna(r.get("indistinguishable")) else "—"),
                "σ": _cell_text(r.get("noise_multiplier")) if r["private"] else "0",
@@ -443,7 +443,7 @@ def _optima_section(a: Analysis) -> str:
                "bracketing": r.get("bracketing") if isinstance(r.get("bracketing"), str) and r.get("bracketing") else "—"}
         if a.fixed_cost is not None:
             fixed = a.fixed_cost[a.fixed_cost["cell_name"] == r["cell_name"]]
-            row["at fixed (C, B)"] = _acc(fixed["fixed_accuracy"].iloc[0]) if len(fixed) else "—"
+            row["at fixed (C, B)"] = _acc(fixed["fixed_value"].iloc[0]) if len(fixed) else "—"
             row["cost"] = (_cost_text(a, fixed["cost"].iloc[0])
                            if len(fixed) and pd.notna(fixed["cost"].iloc[0]) else "—")
         rows.append(row)
@@ -471,7 +471,7 @@ def _fixed_caption(a: Analysis) -> str:
     cost = a.fixed_cost["cost"].dropna()
     text = (f"One global setting C={fmt(c)}, B={fmt(b)} (the best on average among the settings run in every "
             f"cell, unless --fixed was given; {eta_note(a.sweep.eta_tuned())}) against each cell's optimal (C, B, η). ")
-    missing = int(a.fixed_cost["fixed_accuracy"].isna().sum())
+    missing = int(a.fixed_cost["fixed_value"].isna().sum())
     if missing:
         text += f"It was not run in {missing} cell(s). "
     if cost.empty or cost.max() <= 0:

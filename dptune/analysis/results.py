@@ -7,11 +7,12 @@ seeds of the same (C, B, η) are averaged before the best η is taken. Non-priva
 NULL) form their own cells at ε = ∞; they have no clipping, so they get no C × B heatmap but are
 listed as baselines. Errored trials are counted, never used as results.
 
-The store's ``accuracy`` column holds the metric the sweep selected on (its ``metric`` column names
-it, ``metric_mode`` gives its direction: ``max``, or ``min`` for a language model's NLL). Every
-ranking here compares ``score`` = the value with its sign (−value where lower is better), so the
-optimum, the heatmaps' star and the cost of a fixed setting are right for either direction; the
-tables show the metric's own value.
+A trial's ``value`` here is the metric the sweep selected on (the store's ``metric`` column names
+it, ``metric_mode`` gives its direction: ``max``, or ``min`` for a language model's NLL; a store
+written before the signed score kept it in ``accuracy``). Every ranking compares ``score`` = the
+value with its sign (−value where lower is better, as the store keeps it), so the optimum, the
+heatmaps' star and the cost of a fixed setting are right for either direction; the tables show the
+metric's own value, and again under an ``accuracy`` name where the metric is an accuracy.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UserError
-from ..platform.store.results_store import ResultsStore
+from ..platform.store.results_store import ResultsStore, selected_values
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
 from ..schema import FIELDS, HYPERPARAMETERS, METRICS, Metric, names, shown
 from ..search_spaces.bracketing import AXES, edges
@@ -64,6 +65,12 @@ def _cell_name(key: dict) -> str:
     return " · ".join(parts)
 
 
+#: How a table aggregates the seeds of one setting: the mean value, accuracy (NaN where the metric
+#: is not one) and score, and how many seeds had a result.
+MEANS = {"value": ("value", "mean"), "accuracy": ("accuracy", "mean"), "score": ("score", "mean"),
+         "seeds": ("value", "size")}
+
+
 @dataclass
 class Sweep:
     """The ``trials`` view normalised for analysis; every table of the report is a method."""
@@ -89,7 +96,7 @@ class Sweep:
         if len(proxies):
             proxies = proxies.assign(batch_size=proxies["full_batch_size"])
         t = trials[~proxied].copy()
-        for column in CELL_AXES + OPTION_COLUMNS + HYPERPARAMETERS + ("accuracy", "status", "private"):
+        for column in CELL_AXES + OPTION_COLUMNS + HYPERPARAMETERS + ("status", "private"):
             if column not in t:
                 t[column] = None
         if t["backbone"].isna().all() and "model" in t:
@@ -97,13 +104,14 @@ class Sweep:
         private = t["private"].astype("boolean").fillna(t["epsilon"].notna())
         t["private"] = private.astype(bool) & t["epsilon"].notna()
         t["epsilon"] = np.where(t["private"], pd.to_numeric(t["epsilon"], errors="coerce"), np.inf)
-        for column in HYPERPARAMETERS + ("accuracy", "epochs"):
+        for column in HYPERPARAMETERS + ("epochs",):
             t[column] = pd.to_numeric(t[column], errors="coerce").astype(float)
         # an errored or stopped trial has no result; a clip-equivalent one has its source's (same trajectory)
-        t["accuracy"] = t["accuracy"].where(t["status"].isin(["finished", "equivalent"]))
-        lower = t["metric_mode"].eq("min") if "metric_mode" in t else pd.Series(False, index=t.index)
-        t["sign"] = np.where(lower.fillna(False).astype(bool), -1.0, 1.0)
-        t["score"] = t["sign"] * t["accuracy"]
+        complete = t["status"].isin(["finished", "equivalent"])
+        selected = selected_values(t)
+        t["value"], t["score"], t["sign"] = selected["value"].where(complete), selected["score"].where(complete), \
+            selected["sign"]
+        t["accuracy"] = t["value"].where(selected["accuracy"])
         for column in ("dataset", "backbone"):
             t[column] = t[column].astype(object).where(t[column].notna(), "?")
         varying = []
@@ -163,22 +171,22 @@ class Sweep:
 
     # -- results ---------------------------------------------------------------------------------
     def finished(self) -> pd.DataFrame:
-        """Trials with a result (status finished and an accuracy)."""
-        return self.trials[self.trials["accuracy"].notna()]
+        """Trials with a result (status finished, or equivalent, and a value)."""
+        return self.trials[self.trials["value"].notna()]
 
     def heatmap_table(self) -> pd.DataFrame:
-        """Per private cell and (C, B): the best mean accuracy (the selected metric) over η and that η.
+        """Per private cell and (C, B): the best mean value (the selected metric) over η and that η.
 
         Seeds of one (C, B, η) are averaged first. A (C, B) whose trials all errored is kept with
-        accuracy NaN and its error count, so a figure can mark it; likewise trials an early-stopping
+        value NaN and its error count, so a figure can mark it; likewise trials an early-stopping
         scheduler stopped (status ``stopped``: fewer epochs, so no comparable result) are counted in
-        ``stopped`` and never enter the accuracy.
+        ``stopped`` and never enter the value.
         """
         private = self.trials[self.trials["private"]]
         keys = ["cell_name", "clip_bound", "batch_size"]
-        per_lr = (private[private["accuracy"].notna()]
+        per_lr = (private[private["value"].notna()]
                   .groupby(keys + ["learning_rate"], dropna=False)
-                  .agg(accuracy=("accuracy", "mean"), score=("score", "mean"), seeds=("accuracy", "size"))
+                  .agg(**MEANS)
                   .reset_index().sort_values(keys + ["learning_rate"]))
         best = per_lr.loc[per_lr.groupby(keys)["score"].idxmax()] if len(per_lr) else per_lr
         counts = per_lr.groupby(keys).size().rename("learning_rates")
@@ -198,7 +206,7 @@ class Sweep:
         return bool(len(table)) and int(table["learning_rates"].max()) > 1
 
     def optima(self) -> pd.DataFrame:
-        """Per cell, the best (C, B, η) and its mean accuracy, with σ, T and σ√T of that setting.
+        """Per cell, the best (C, B, η) and its mean value, with σ, T and σ√T of that setting.
 
         Ties go to the smaller C, then B, then η. Non-private cells optimise (B, η) only (C: NaN).
         """
@@ -208,8 +216,7 @@ class Sweep:
         extra = {c: (c, "mean") for c in ("noise_multiplier", "steps", "noise_sqrt_steps", "clipped_fraction")
                  if c in done}
         per_setting = (done.groupby(settings, dropna=False)
-                       .agg(accuracy=("accuracy", "mean"), score=("score", "mean"), seeds=("accuracy", "size"),
-                            **extra)
+                       .agg(**MEANS, **extra)
                        .reset_index().sort_values(settings))
         if per_setting.empty:
             return per_setting.assign(private=pd.Series(dtype=bool))
@@ -256,15 +263,15 @@ class Sweep:
 
     def fixed_setting_cost(self, clip_bound: float | None = None,
                            batch_size: float | None = None) -> tuple[tuple[float, float], pd.DataFrame]:
-        """Accuracy of one global (C, B) (η still tuned per cell) against each private cell's optimum.
+        """The value of one global (C, B) (η still tuned per cell) against each private cell's optimum.
 
-        By default the global setting is the (C, B) with the best mean accuracy among those run
+        By default the global setting is the (C, B) with the best mean score among those run
         (with a result) in every private cell, the best a practitioner could do with a single fixed
         setting; when no (C, B) was run in every cell (each cell searched its own pruned batch
         sizes), there is no such setting and this raises ValueError saying so. Returns the setting
-        and one row per private cell: optimum, fixed accuracy (NaN where not run), cost.
+        and one row per private cell: optimum, fixed value (NaN where not run), cost.
         """
-        table = self.heatmap_table().dropna(subset=["accuracy"])
+        table = self.heatmap_table().dropna(subset=["value"])
         if table.empty:
             raise UserError("no finished private trials: nothing to compare")
         if (clip_bound is None) != (batch_size is None):
@@ -285,10 +292,10 @@ class Sweep:
         if at.empty and stopped_at.empty:
             raise UserError(f"the fixed setting C={clip_bound:g}, B={batch_size:g} was not run in any cell")
         optima = self.optima()
-        optima = optima[optima["private"] & optima["accuracy"].notna()]
-        out = optima[["cell_name", "clip_bound", "batch_size", "learning_rate", "accuracy", "score"]].merge(
-            at[["cell_name", "learning_rate", "accuracy", "score"]].rename(
-                columns={"learning_rate": "fixed_learning_rate", "accuracy": "fixed_accuracy",
+        optima = optima[optima["private"] & optima["value"].notna()]
+        out = optima[["cell_name", "clip_bound", "batch_size", "learning_rate", "value", "accuracy", "score"]].merge(
+            at[["cell_name", "learning_rate", "value", "accuracy", "score"]].rename(
+                columns={"learning_rate": "fixed_learning_rate", "value": "fixed_value", "accuracy": "fixed_accuracy",
                          "score": "fixed_score"}),
             on="cell_name", how="left")
         out["cost"] = out["score"] - out["fixed_score"]   # ≥ 0: how much worse, in the metric's units
@@ -296,14 +303,14 @@ class Sweep:
         # where multi-fidelity stopped it (and nothing of it finished): it lost there, at that rung
         lost = stopped_at.groupby("cell_name")["rung"].min()
         out["fixed_stopped"] = [f"stopped at rung {int(lost[c])}" if c in lost.index and pd.isna(acc) else None
-                                for c, acc in zip(out["cell_name"], out["fixed_accuracy"])]
+                                for c, acc in zip(out["cell_name"], out["fixed_value"])]
         return (clip_bound, batch_size), out.reset_index(drop=True)
 
     def fixed_setting_pool(self) -> tuple[int, int]:
         """How many (C, B) the default fixed setting was chosen from: those with a result, or stopped by
         multi-fidelity (it lost there), in every private cell; and all (C, B) with either somewhere (the
         rest errored or were not run in some cell, so there is nothing of them to compare there)."""
-        table = self.heatmap_table().dropna(subset=["accuracy"])
+        table = self.heatmap_table().dropna(subset=["value"])
         _, stats = self._settings_in_every_cell(table)
         stops = self.stopped_settings()
         tried = pd.concat([table[["clip_bound", "batch_size"]], stops[["clip_bound", "batch_size"]]])
@@ -331,7 +338,7 @@ class Sweep:
         among the distinct steps where that cell's runs at its B were stopped: 1 the first)."""
         keys = ["cell_name", "clip_bound", "batch_size", "learning_rate"]
         private = self.trials[self.trials["private"]]
-        complete = private[private["accuracy"].notna()][keys].drop_duplicates()
+        complete = private[private["value"].notna()][keys].drop_duplicates()
         stopped = private[private["status"] == "stopped"]
         if stopped.empty:
             return pd.DataFrame(columns=[*keys, "step", "rung"])
@@ -343,12 +350,13 @@ class Sweep:
         return stopped.reset_index(drop=True)
 
     def summary(self) -> pd.DataFrame:
-        """Per cell: trial counts by status, the C, B and η values tried, best and median accuracy."""
+        """Per cell: trial counts by status, the C, B and η values tried, best and median value (and
+        accuracy, where the metric is one)."""
         rows = []
         for _, cell in self.cells().iterrows():
             t = self.trials[self.trials["cell_name"] == cell["cell_name"]]
-            acc = t["accuracy"].dropna()
-            best = t.loc[t["score"].idxmax(), "accuracy"] if len(acc) else np.nan
+            values = t["value"].dropna()
+            best = t.loc[t["score"].idxmax()] if len(values) else {"value": np.nan, "accuracy": np.nan}
             row = {"cell": cell["cell_name"], "trials": len(t),
                    "finished": int((t["status"] == "finished").sum()),
                    "errored": int((t["status"] == "error").sum()),
@@ -356,8 +364,8 @@ class Sweep:
                    "equivalent": int((t["status"] == "equivalent").sum()),
                    "C": _values(t["clip_bound"]) if cell["private"] else "— (no clipping)",
                    "B": _values(t["batch_size"]), "η": _values(t["learning_rate"]),
-                   "best accuracy": best,
-                   "median accuracy": acc.median() if len(acc) else np.nan}
+                   "best value": best["value"], "median value": values.median() if len(values) else np.nan,
+                   "best accuracy": best["accuracy"], "median accuracy": t["accuracy"].median()}
             if "train_time_s" in t:
                 row[shown("train time (s)", "train_time_s")] = float(pd.to_numeric(t["train_time_s"], errors="coerce").sum())
             # a store without the column predates secure mode: its runs were seeded

@@ -2,7 +2,7 @@
 the optimum moved between two cells.
 
 Method (documented choice): a **paired one-sided t-test over seeds, corrected for the selection of
-the best**. In a cell, the best setting b is the one with the largest seed-mean accuracy. Another
+the best**. In a cell, the best setting b is the one with the largest seed-mean score. Another
 setting s is *indistinguishable* from b unless b beats it on the seeds both ran by a mean margin
 whose one-sided paired t-test rejects "no difference" at level ``ALPHA / K``, K the settings the cell
 compares (b and every setting tested against it): Bonferroni's bound on Hsu's multiple comparisons
@@ -19,7 +19,7 @@ most of the seed-to-seed spread cancels in the differences. A cell whose trials 
 randomness shares nothing between runs of the same seed: it is compared unpaired (Welch's t-test,
 same correction). The indistinguishable set is the error
 bar of the optimum: drawn outlined on the heatmaps, its range of C, B and η written to ``optima.csv``
-beside a t-interval of the best setting's mean accuracy.
+beside a t-interval of the best setting's mean value.
 
 Between cells (along every axis that varies: ε, epochs, backbone, dataset), for C and for B: "the
 optimal C at ε = a is larger than at ε = b" when every C of a's indistinguishable set exceeds every C
@@ -49,15 +49,15 @@ SINGLE_SEED = ("one seed per setting: no error bars — the optimum cannot be to
                "(run several seeds, e.g. `seeds: [0, 1, 2]`)")
 
 
-#: Statuses whose accuracy is a full run's: trained to the end, or clip-equivalent to one that was
-#: (bit-identical results, stored with that run's accuracy). Stopped trials ran fewer epochs.
+#: Statuses whose value is a full run's: trained to the end, or clip-equivalent to one that was
+#: (bit-identical results, stored with that run's value). Stopped trials ran fewer epochs.
 COMPLETE = ("finished", "equivalent")
 
 
 def per_seed(trials: pd.DataFrame) -> pd.DataFrame:
     """Complete private trials as one row per (cell, setting) and one column per seed: the score
     (the selected metric, negated where lower is better: higher is better here, as in ``Sweep``)."""
-    done = trials[trials["private"] & trials["accuracy"].notna() & trials["status"].isin(COMPLETE)]
+    done = trials[trials["private"] & trials["value"].notna() & trials["status"].isin(COMPLETE)]
     if done.empty:
         return pd.DataFrame()
     done = done.assign(seed=done["seed"].fillna(0) if "seed" in done else 0)   # no seed recorded: one seed
@@ -86,8 +86,9 @@ def cell_paired(trials: pd.DataFrame) -> dict[str, bool]:
 
 def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA, signs: dict[str, float] | None = None,
                       looks: dict[str, int] | None = None, paired: dict[str, bool] | None = None) -> pd.DataFrame:
-    """Per (cell, setting) of a :func:`per_seed` table: its seed-mean (in the metric's own units:
-    ``signs`` from :func:`cell_signs`, +1 when not given), seeds, the one-sided p-value of "the cell's
+    """Per (cell, setting) of a :func:`per_seed` table: its seed-mean ``value`` (in the metric's own
+    units: ``signs`` from :func:`cell_signs`, +1 when not given; again as ``accuracy`` where higher is
+    better), seeds, the one-sided p-value of "the cell's
     best is better" (paired, or Welch's where ``paired`` from :func:`cell_paired` says False) corrected
     for the selection and for racing's repeated tests (× K·L: K the settings compared, L the cell's
     ``looks`` from :func:`cell_looks`, 1 when not given; see the module docstring), and ``indistinguishable`` (p ≥ alpha, or the best itself; False where fewer
@@ -98,9 +99,10 @@ def indistinguishable(table: pd.DataFrame, alpha: float = ALPHA, signs: dict[str
         values = block.to_numpy(dtype=float)
         best, p = against_best(values, looks.get(cell, 1), paired.get(cell, True))
         means = np.nanmean(values, axis=1)
+        sign = signs.get(cell, 1.0)
         for i, key in enumerate(block.index):
-            rows.append({"cell_name": cell, **dict(zip(SETTING, key[1:])),
-                         "accuracy": signs.get(cell, 1.0) * float(means[i]),
+            rows.append({"cell_name": cell, **dict(zip(SETTING, key[1:])), "value": sign * float(means[i]),
+                         "accuracy": sign * float(means[i]) if sign > 0 else math.nan,
                          "seeds": int((~np.isnan(values[i])).sum()), "p_value": float(p[i]), "best": i == best})
     for r in rows:
         r["indistinguishable"] = bool(r["best"] or (not math.isnan(r["p_value"]) and r["p_value"] >= alpha))
@@ -123,8 +125,9 @@ def metric_range(trials: pd.DataFrame) -> tuple[float, float]:
 def optimum_intervals(sets: pd.DataFrame, table: pd.DataFrame, alpha: float = ALPHA,
                       bounds: tuple[float, float] = (-math.inf, math.inf),
                       signs: dict[str, float] | None = None) -> pd.DataFrame:
-    """Per cell: the best setting's t-interval (1 − alpha) of its mean accuracy (the metric, in its
-    own units: ``signs`` as for :func:`indistinguishable`), cut to the metric's range ``bounds``, how
+    """Per cell: the best setting's t-interval (1 − alpha) of its mean value (``value_low``,
+    ``value_high``: the metric, in its own units: ``signs`` as for :func:`indistinguishable`; again as
+    ``accuracy_low``, ``accuracy_high`` where higher is better), cut to the metric's range ``bounds``, how
     many settings are indistinguishable from it, and the range of C, B and η over them."""
     signs = signs or {}
     rows = []
@@ -137,7 +140,9 @@ def optimum_intervals(sets: pd.DataFrame, table: pd.DataFrame, alpha: float = AL
             half = stats.t.ppf(1 - alpha / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
             low, high = max(values.mean() - half, bounds[0]), min(values.mean() + half, bounds[1])
         tied = group[group["indistinguishable"]]
-        rows.append({"cell_name": cell, "accuracy_low": low, "accuracy_high": high,
+        accuracy = signs.get(cell, 1.0) > 0
+        rows.append({"cell_name": cell, "value_low": low, "value_high": high,
+                     "accuracy_low": low if accuracy else math.nan, "accuracy_high": high if accuracy else math.nan,
                      "indistinguishable": len(tied) if n >= 2 else math.nan,
                      **{f"{c}_{end}": (tied[c].min() if end == "min" else tied[c].max()) if n >= 2 else math.nan
                         for c in SETTING for end in ("min", "max")}})
@@ -229,7 +234,7 @@ def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tupl
     for _, row in cost[cost["fixed_stopped"].notna()].iterrows() if "fixed_stopped" in cost else ():
         lines.append(f"{name}: {row['fixed_stopped']} at {row['cell_name']} (multi-fidelity: it lost there to the "
                      "cell's other configurations, worse than its optimum)")
-    for _, row in cost.dropna(subset=["fixed_accuracy"]).iterrows():
+    for _, row in cost.dropna(subset=["fixed_value"]).iterrows():
         if row["cell_name"] not in at.index or pd.isna(at.loc[row["cell_name"], "p_value"]):
             continue   # no test: fewer than two seeds shared with the optimum
         tested += 1

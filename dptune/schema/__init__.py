@@ -5,8 +5,8 @@ derive their lists from it (:mod:`.trial`, :mod:`.metrics`, :mod:`.figures`: whe
 reports is private, :mod:`.option_registries`).
 """
 from .figures import FIGURES, NON_PRIVATE_LABEL, Figure, figure, non_private, shown
-from .metrics import DEFAULT_METRIC, LOSS_OF, METRICS, Metric
+from .metrics import DEFAULT_METRIC, LOSS_OF, METRICS, SCORE, Metric, signed
 from .trial import FIELDS, HYPERPARAMETERS, PLAN_FIGURES, ROLES, OptionError, Rule, TrainConfig, check_option, names, option
 
-__all__ = ["FIGURES", "NON_PRIVATE_LABEL", "Figure", "figure", "non_private", "shown", "DEFAULT_METRIC", "LOSS_OF", "METRICS", "Metric", "FIELDS", "HYPERPARAMETERS", "PLAN_FIGURES", "ROLES", "OptionError", "Rule", "TrainConfig",
+__all__ = ["FIGURES", "NON_PRIVATE_LABEL", "Figure", "figure", "non_private", "shown", "DEFAULT_METRIC", "LOSS_OF", "METRICS", "SCORE", "Metric", "signed", "FIELDS", "HYPERPARAMETERS", "PLAN_FIGURES", "ROLES", "OptionError", "Rule", "TrainConfig",
            "check_option", "names", "option"]

@@ -79,6 +79,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("error", "private", "a failed trial's message: its configuration, or the test loss it diverged at"),
     Figure("recurring", "private", "whether a failed trial's error is of its input or environment (it recurs in "
                                    "every trial and stops the sweep)"),
+    Figure("score", "non-private", "the selected metric with its sign (higher is better): as private as that "
+                                   "metric, and a validation split's is not; labelled for the worst case"),
     Figure("validation_accuracy", "non-private", _VALIDATION),
     Figure("validation_loss", "non-private", _VALIDATION),
     Figure("validation_nll", "non-private", _VALIDATION),

@@ -22,7 +22,8 @@ from .figures import shown
 class Metric:
     """A trial metric: ``mode`` ``max`` (higher is better) or ``min``; ``loss`` the metric reported
     beside it (``None``: none); ``label`` how lines and figures name it, ``short`` how a trial's
-    one-line outcome does."""
+    one-line outcome does; ``accuracy`` whether it is an accuracy (the store's ``accuracy`` column
+    holds it then, and nothing else)."""
 
     name: str
     mode: str
@@ -30,6 +31,7 @@ class Metric:
     description: str
     label: str
     short: str
+    accuracy: bool = False
 
     @property
     def titled(self) -> str:
@@ -39,10 +41,11 @@ class Metric:
 
 
 METRICS = {m.name: m for m in (
-    Metric("test_accuracy", "max", "test_loss", "accuracy on the test split", "accuracy", "acc"),
+    Metric("test_accuracy", "max", "test_loss", "accuracy on the test split", "accuracy", "acc", accuracy=True),
     Metric("validation_accuracy", "max", "validation_loss", "accuracy on the validation split (NOT private)",
-           "validation accuracy", "val acc"),
-    Metric("selection_score", "max", None, "private selection's noisy validation accuracy", "noisy score", "score"),
+           "validation accuracy", "val acc", accuracy=True),
+    Metric("selection_score", "max", None, "private selection's noisy validation accuracy", "noisy score", "score",
+           accuracy=True),
     Metric("test_nll", "min", "test_nll", "NLL per completion token on the test split", "test NLL", "nll"),
     Metric("validation_nll", "min", "validation_nll", "NLL per completion token on the validation split (NOT "
                                                       "private)", "validation NLL", "val nll"),
@@ -59,6 +62,20 @@ TASK_METRICS = {"classification": ("test_accuracy", "validation_accuracy"),
                 "generation": ("test_nll", "validation_nll")}
 #: The metric a sweep selects on when its spec names none (a classification's test accuracy).
 DEFAULT_METRIC = TASK_METRICS["classification"][0]
+#: A trial's signed score: its selected metric as is where higher is better, negated where lower
+#: is better. Every ranking — the searcher, the schedulers, Optuna, racing, proxies, transfer,
+#: bracketing, ``dptune status``, the analysis — maximises it, so a metric's direction is read once, here.
+SCORE = "score"
+
+
+def signed(metric: str, value: float | None) -> float | None:
+    """The score of ``value`` of ``metric`` (:data:`SCORE`): ``value`` where higher is better,
+    ``-value`` where lower is; None stays None."""
+    if value is None:
+        return None
+    return float(value) if METRICS[metric].mode == "max" else -float(value)
+
+
 #: Tasks (the ``task`` of a dataset; datasets not named in a registry's task table are classifications).
 TASKS = tuple(TASK_METRICS)
 

@@ -191,8 +191,8 @@ class TrainConfig:
     max_new_tokens: int = option(32, "generation tasks: tokens generated per test prompt at most", rule=whole(1),
                                  spec=("trial",))
     validation_fraction: float = option(0.0, "hold out this seeded, stratified fraction of the training data for "
-                                             "selection: 'accuracy' is then validation accuracy, test accuracy is "
-                                             "reported beside it (selection on it is NOT private); σ is calibrated "
+                                             "selection: the sweep then selects on validation accuracy, test accuracy "
+                                             "is reported beside it (selection on it is NOT private); σ is calibrated "
                                              "for the examples actually trained on [0: no validation split]",
                                         rule=Rule(lambda v: _number(v) and 0 <= v < 1, "in [0, 1)"), role="planned")
     split_seed: int | None = option(None, "seed of the train/test and validation splits [seed]; private selection "
@@ -258,7 +258,7 @@ PACK_MEMBER_FIELDS = ("clip_bound", "learning_rate", "epsilon", "noise_multiplie
 #: options (they are not :class:`TrainConfig` fields, and the trainer checks q and T against its own).
 PLAN_FIGURES = {
     "cell": "the cell's key (axes, δ and searched options), e.g. digits/cnn/E=8/delta=1e-05/eps=1",
-    "metric": "the metric the search, the scheduler and the store's accuracy column use (metrics.METRICS)",
+    "metric": "the metric the sweep selects on (metrics.METRICS): trials report it signed as their score",
     "sample_rate": "q = B/N of the plan", "steps": "T of the plan", "noise_sqrt_steps": "σ√T",
     "lr_multiplier": "η's multiplier of the learning-rate rule",
     "backbone_label": "the backbone with its options, as the cell names it",

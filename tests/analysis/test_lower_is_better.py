@@ -1,6 +1,8 @@
 """A sweep that selects on a lower-is-better metric (a language model's test NLL): a planted table
 whose smallest NLL must win in the optima, the heatmap (its star and its table), optima.csv, the
-fixed-setting cost, the error bars and `dptune status`' best; the largest NLL is a trap."""
+fixed-setting cost, the error bars and `dptune status`' best; the largest NLL is a trap. Stored as a
+sweep writes it now (the NLL in ``test_nll``, its signed ``score``, no ``accuracy``) and as a store
+written before the signed score kept it (the NLL in ``accuracy``): both read alike."""
 import itertools
 import math
 
@@ -29,14 +31,16 @@ def planted_nll(eps: float, c: float, b: int, lr: float) -> float:
     return 2.0 + 0.1 * (abs(math.log10(c / c0)) + abs(math.log2(b / b0)) + abs(math.log10(lr / lr0)))
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
+@pytest.fixture(scope="module", params=["signed score", "before the score"])
+def store(tmp_path_factory, request):
     s = ResultsStore(str(tmp_path_factory.mktemp("nll") / "store"))
     for k, (eps, c, b, lr, seed) in enumerate(itertools.product(OPTIMA, CS, BS, LRS, (0, 1, 2))):
         nll = planted_nll(eps, c, b, lr) + 0.002 * (seed - 1)
+        stored = ({"accuracy": None, "test_nll": nll, "score": -nll} if request.param == "signed score"
+                  else {"accuracy": nll})
         s.write_trial(trial(f"t{k}", dataset="bbc_headlines", backbone="smollm2-135m", model="smollm2-135m",
-                            epsilon=eps, clip_bound=c, batch_size=b, learning_rate=lr, seed=seed, accuracy=nll,
-                            metric="test_nll", metric_mode="min"))
+                            epsilon=eps, clip_bound=c, batch_size=b, learning_rate=lr, seed=seed,
+                            metric="test_nll", metric_mode="min", **stored))
     return s
 
 
@@ -51,17 +55,17 @@ def test_the_smallest_nll_is_each_cells_optimum_in_the_tables_and_optima_csv(sto
     table = sweep.heatmap_table()
     for eps, best in OPTIMA.items():
         assert optima.loc[cell(eps), ["clip_bound", "batch_size", "learning_rate"]].tolist() == list(best)
-        assert optima.loc[cell(eps), "accuracy"] == pytest.approx(2.0)
+        assert optima.loc[cell(eps), "value"] == pytest.approx(2.0) and math.isnan(optima.loc[cell(eps), "accuracy"])
         for _, r in table[table["cell_name"] == cell(eps)].iterrows():   # the best η per (C, B): the smaller NLL
             nlls = {lr: planted_nll(eps, r["clip_bound"], int(r["batch_size"]), lr) for lr in LRS}
             assert r["learning_rate"] == min(nlls, key=nlls.get)
-            assert r["accuracy"] == pytest.approx(min(nlls.values()))
+            assert r["value"] == pytest.approx(min(nlls.values()))
     write_heatmaps(store, tmp_path)
     written = pd.read_csv(tmp_path / "optima.csv").set_index("cell_name")
     for eps, best in OPTIMA.items():
         assert written.loc[cell(eps), ["clip_bound", "batch_size", "learning_rate"]].tolist() == list(best)
     summary = sweep.summary().set_index("cell")
-    assert summary.loc[cell(2.0), "best accuracy"] == pytest.approx(2.0 - 0.002)   # the best single run
+    assert summary.loc[cell(2.0), "best value"] == pytest.approx(2.0 - 0.002)   # the best single run
 
 
 def test_the_heatmap_stars_the_smallest_nll_on_a_reversed_colour_scale(store):
@@ -96,7 +100,7 @@ def test_error_bars_and_status_pick_the_smallest_nll(store):
     heatmap, optima, _ = with_error_bars(sweep, sweep.heatmap_table(), sweep.optima())
     optima = optima.set_index("cell_name")
     for eps in OPTIMA:
-        low, high = optima.loc[cell(eps), ["accuracy_low", "accuracy_high"]]
+        low, high = optima.loc[cell(eps), ["value_low", "value_high"]]
         assert low < 2.0 < high and high - low < 0.05
         assert optima.loc[cell(eps), "indistinguishable"] == 1   # every other setting is ≥ 0.1 nats worse
     trials = store.table("trials")

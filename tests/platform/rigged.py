@@ -41,8 +41,8 @@ def rigged_trainable(config: dict) -> None:
     for epoch in range(len(history) + 1, math.ceil(train["epochs"]) + 1):
         step = epoch_step(epoch, steps, train["epochs"])
         acc = accuracy(train["clip_bound"], train["epsilon"], epoch, int(train.get("seed", 0)))
-        metrics = {"test_accuracy": acc, "test_loss": 1 - acc, "epoch": epoch, "step": step, "steps": steps,
-                   "epsilon_spent": epsilon_spent(sigma, train["delta"], q, step), "noise_multiplier": sigma,
+        metrics = {"test_accuracy": acc, "score": acc, "test_loss": 1 - acc, "epoch": epoch, "step": step,
+                   "steps": steps, "epsilon_spent": epsilon_spent(sigma, train["delta"], q, step), "noise_multiplier": sigma,
                    "sample_rate": q, "noise_sqrt_steps": sigma * math.sqrt(steps), "train_time_s": 0.0}
         history.append(metrics)
         tune_adapter.report(metrics, state={"history": history})
@@ -64,8 +64,8 @@ def planted_trainable(config: dict) -> None:
     history = []
     for epoch in range(1, math.ceil(config["epochs"]) + 1):
         step = epoch_step(epoch, steps, config["epochs"])
-        metrics = {"test_accuracy": acc, "test_loss": 1 - acc, "epoch": epoch, "step": step, "steps": steps,
-                   "epsilon_spent": epsilon_spent(sigma, config["delta"], q, step), "noise_multiplier": sigma,
+        metrics = {"test_accuracy": acc, "score": acc, "test_loss": 1 - acc, "epoch": epoch, "step": step,
+                   "steps": steps, "epsilon_spent": epsilon_spent(sigma, config["delta"], q, step), "noise_multiplier": sigma,
                    "sample_rate": q, "noise_sqrt_steps": sigma * math.sqrt(steps), "train_time_s": 0.0,
                    "fully_clipped": 0}
         history.append(metrics)

@@ -43,20 +43,23 @@ def test_a_causal_lm_sweep_stores_nll_curves_and_rouge_and_its_optimum_is_the_sm
     store = ResultsStore(settings.paths.store)
     rows = store.table("trials")
     assert len(rows) == 4 and set(rows["metric"]) == {"test_nll"} and set(rows["metric_mode"]) == {"min"}
-    assert (rows["accuracy"] == rows["test_nll"]).all() and rows["test_accuracy"].isna().all()
+    # the NLL is in its own column with its signed score; accuracy holds accuracies only (none here)
+    assert (rows["score"] == -rows["test_nll"]).all() and rows["accuracy"].isna().all()
+    assert rows["test_accuracy"].isna().all()
     assert rows["test_rougeL"].between(0, 1).all() and rows["test_bleu"].between(0, 1).all()
     assert (rows["test_perplexity"] - rows["test_nll"].map(math.exp)).abs().max() < 1e-6
     epochs = store.table("epochs")
     assert epochs.groupby("trial_id")["epoch"].apply(sorted).tolist() == [[1, 2]] * 4
-    assert epochs["test_nll"].notna().all() and (epochs["accuracy"] == epochs["test_nll"]).all()
+    assert epochs["test_nll"].notna().all() and (epochs["score"] == -epochs["test_nll"]).all()
+    assert epochs["accuracy"].isna().all()
 
-    means = rows.groupby(["clip_bound", "batch_size", "learning_rate"])["accuracy"].mean()
+    means = rows.groupby(["clip_bound", "batch_size", "learning_rate"])["test_nll"].mean()
     assert means.max() - means.min() > 1e-4   # C = 0.01 and C = 10 train differently
     smallest = means.idxmin()
     write_heatmaps(store, tmp_path / "analysis")
     optimum = pd.read_csv(tmp_path / "analysis" / "optima.csv").iloc[0]
     assert (optimum["clip_bound"], optimum["batch_size"], optimum["learning_rate"]) == pytest.approx(smallest)
-    assert optimum["accuracy"] == pytest.approx(means.min())
+    assert optimum["value"] == pytest.approx(means.min()) and math.isnan(optimum["accuracy"])
 
 
 def _pairs_spec(pairs: str, tok: str, **backbone) -> dict:

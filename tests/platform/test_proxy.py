@@ -49,7 +49,7 @@ def best_objective(train: dict) -> float:
     return 1.0 - abs(math.log10(train["clip_bound"])) - 0.1 * abs(train["lr_multiplier"] - 0.5) - 0.01 * (b == 40)
 
 
-def drive(searcher: Searcher, objective=best_objective) -> list[dict]:
+def drive(searcher: Searcher, objective=best_objective, metric: str = "test_accuracy") -> list[dict]:
     out = []
     for i in range(1000):
         config = searcher.suggest(f"t{i}")
@@ -57,7 +57,7 @@ def drive(searcher: Searcher, objective=best_objective) -> list[dict]:
             return out
         assert config is not None, "nothing runs, yet the searcher waits"
         out.append(config)
-        searcher.on_trial_complete(f"t{i}", {"test_accuracy": objective(config)})
+        searcher.on_trial_complete(f"t{i}", {metric: objective(config)})
     raise AssertionError("the searcher never finished")
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ...schema import DEFAULT_METRIC, METRICS, names
+from ...schema import DEFAULT_METRIC, METRICS, SCORE, names, signed
 from ...schema.metrics import SCORES
 from .results_store import to_json
 
@@ -33,12 +33,15 @@ def reported(last: dict | None) -> bool:
 
 
 def selected_on(metrics: dict, metric: str) -> dict:
-    """``accuracy`` and ``loss`` of a row: the sweep's ``metric`` (what it selected on, named in the
-    ``metric`` column, its direction in ``metric_mode``: ``max`` or ``min``) and that metric's loss,
-    so the analysis reads one column whatever the sweep compared: test accuracy, validation accuracy
-    (NOT private) or private selection's noisy score."""
+    """What a row selected on: the sweep's ``metric`` (its name; its value is in its own column),
+    its direction ``metric_mode`` (``max`` or ``min``), its signed ``score`` (higher is better:
+    what every ranking reads), its ``loss``, and ``accuracy`` where the metric is an accuracy (test
+    or validation accuracy, NOT private, or private selection's noisy score; NULL for a language
+    model's NLL)."""
     declared = METRICS[metric]
-    return {"metric": metric, "metric_mode": declared.mode, "accuracy": metrics.get(metric),
+    value = metrics.get(metric)
+    return {"metric": metric, "metric_mode": declared.mode, SCORE: signed(metric, value),
+            "accuracy": value if declared.accuracy else None,
             "loss": None if declared.loss is None else metrics.get(declared.loss)}
 
 
@@ -84,7 +87,7 @@ def trial_row(trial_id: str, config: dict, last: dict | None, *, status: str, er
 
 
 def epoch_rows(history: list[dict], metric: str = DEFAULT_METRIC) -> list[dict]:
-    """One ``epochs`` row per epoch: the curve (``accuracy``/``loss``: the sweep's ``metric``, as in
+    """One ``epochs`` row per epoch: the curve (the sweep's ``metric``, ``score`` and ``loss``, as in
     the trials row), per-class accuracy and every other scalar metric under its own name."""
     rows = []
     for m in history:

@@ -45,13 +45,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence, TypeVar
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ...errors import UserError
-from ...schema import FIGURES
+from ...schema import FIGURES, METRICS, SCORE
 from ..faults import fault_point
 from .durable import write_bytes
 from .layout import filesystem
@@ -315,6 +316,27 @@ class ResultsStore:
         if name not in TABLES:
             raise UserError(f"table must be one of {', '.join(TABLES)}; got {name!r}")
         return self.query(f"SELECT * FROM {name}")
+
+
+def selected_values(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per stored row (``trials`` or ``epochs``): ``value``, the metric it selected on (in the column
+    its ``metric`` names; a store written before the signed score, or a row without ``metric``, kept
+    it in ``accuracy``), ``sign`` (−1 where lower is better), its ``score`` (stored, or sign × value)
+    and whether it is an ``accuracy``."""
+    index = rows.index
+    value = pd.to_numeric(rows["accuracy"], errors="coerce").astype(float) if "accuracy" in rows \
+        else pd.Series(np.nan, index=index)
+    metric = rows["metric"] if "metric" in rows else pd.Series(None, index=index, dtype=object)
+    for name in set(metric.dropna()) & set(rows.columns):
+        value = value.where(metric != name, pd.to_numeric(rows[name], errors="coerce"))
+    mode = rows["metric_mode"] if "metric_mode" in rows else pd.Series(None, index=index, dtype=object)
+    mode = mode.where(mode.notna(), metric.map(lambda m: METRICS[m].mode if m in METRICS else None))
+    sign = pd.Series(np.where(mode.eq("min"), -1.0, 1.0), index=index)
+    score = pd.to_numeric(rows[SCORE], errors="coerce").astype(float) if SCORE in rows \
+        else pd.Series(np.nan, index=index)
+    accuracy = metric.map(lambda m: METRICS[m].accuracy if m in METRICS else True) & (sign > 0)
+    return pd.DataFrame({"value": value, "score": score.fillna(sign * value), "sign": sign,
+                         "accuracy": accuracy.astype(bool)}, index=index)
 
 
 def retrying(action: Callable[[], T], seconds: float) -> T:

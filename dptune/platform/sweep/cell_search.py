@@ -83,8 +83,8 @@ class Ordered:
 class TPE:
     """Optuna's TPE over the cell's indices (see the module docstring)."""
 
-    def __init__(self, sizes: Indices, *, seed: int, startup_trials: int, mode: str) -> None:
-        self.sizes, self.seed, self.startup_trials, self.mode = sizes, seed, startup_trials, mode
+    def __init__(self, sizes: Indices, *, seed: int, startup_trials: int) -> None:
+        self.sizes, self.seed, self.startup_trials = sizes, seed, startup_trials
         self.study = None
         self.asked: dict[Indices, list] = {}   # configuration → its Optuna trials awaiting a result
         self.enqueued: list[Indices] = []
@@ -107,7 +107,7 @@ class TPE:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one INFO line per study and trial otherwise
-        self.study = optuna.create_study(sampler=self.sampler(), direction="maximize" if self.mode == "max" else "minimize")
+        self.study = optuna.create_study(sampler=self.sampler(), direction="maximize")   # the signed score
         for key in self.enqueued:
             self.study.enqueue_trial(self.params(key))
 
@@ -147,6 +147,30 @@ class TPE:
         else:
             self.study.tell(trial, outcome.mean)
         return []
+
+    def __setstate__(self, state: dict) -> None:
+        """Read a state pickled before the signed score: a study that minimised a lower-is-better
+        metric becomes one that maximises its score (its told values negated, its waiting trials
+        asked again for the same configurations)."""
+        mode = state.pop("mode", "max")
+        self.__dict__.update(state)
+        if mode == "min" and self.study is not None:
+            self._maximise()
+
+    def _maximise(self) -> None:
+        import optuna
+        from optuna.trial import TrialState, create_trial
+
+        old = self.study
+        self.study = optuna.create_study(sampler=old.sampler, direction="maximize")
+        for t in old.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            self.study.add_trial(create_trial(params=t.params, distributions=t.distributions, state=t.state,
+                                              value=-t.value if t.state == TrialState.COMPLETE else None))
+        for key, waiting in self.asked.items():
+            for i in range(len(waiting)):
+                self.study.enqueue_trial(self.params(key))
+                waiting[i] = self.study.ask()
+                self.suggest(waiting[i])
 
 
 class GP(TPE):
@@ -322,9 +346,9 @@ class CellSearch:
     ``bracket`` (:class:`~.bracket.Bracket`), once the search's results are all in, the configurations
     beyond an edge its optimum lies on follow, round after round, until it is bracketed."""
 
-    def __init__(self, cell: "CellPlan", strategy: object, seeds: Sequence[int], *, mode: str = "max",
+    def __init__(self, cell: "CellPlan", strategy: object, seeds: Sequence[int], *,
                  bracket: Bracket | None = None, race: Race | None = None) -> None:
-        self.cell, self.strategy, self.seeds, self.mode = cell, strategy, tuple(seeds), mode
+        self.cell, self.strategy, self.seeds = cell, strategy, tuple(seeds)
         self.bracket, self.race = bracket, race
         self.race_queue: deque = deque()   # racing's (configuration, its new seeds) still to hand out
         self.scores: dict[Indices, dict] = {}   # configuration → {seed: result} (an equivalent's: its source's)
@@ -332,7 +356,7 @@ class CellSearch:
         self.extra: deque = deque()     # bracketing's configurations still to hand out
         self.extended: set = set()      # bracketing's configurations (the strategy never proposed them)
         self.fully_clipped: set = set()   # configurations that clipped every example at every step, every seed
-        self.finished: dict[Indices, Optional[float]] = {}   # configuration → mean metric (None: failed)
+        self.finished: dict[Indices, Optional[float]] = {}   # configuration → mean score (None: failed)
         self.running: dict[str, _Running] = {}               # proposal id → its seeds' results so far
         self.handed_out = 0                                  # configurations handed out (or recorded equivalent)
         self.trained = 0.0                                   # full trials' worth of steps trained (a stopped one: its share)
@@ -525,12 +549,23 @@ class CellSearch:
                 equivalents.append({"source": running.clipped[config["seed"]][0], "config": config})
         return equivalents
 
+    def __setstate__(self, state: dict) -> None:
+        """Read a state pickled before the signed score: a lower-is-better metric's results are
+        negated into scores."""
+        mode = state.pop("mode", "max")
+        self.__dict__.update(state)
+        if mode == "min":
+            self.finished = {key: None if v is None else -v for key, v in self.finished.items()}
+            for values in self.scores.values():
+                values.update({seed: None if v is None else -v for seed, v in values.items()})
+            for running in self.running.values():
+                running.scores.update({seed: None if v is None else -v for seed, v in running.scores.items()})
+
     def best(self) -> tuple[Indices, float] | None:
-        """The best finished configuration (indices, mean metric), or None; of equal means the one
+        """The best finished configuration (indices, mean score), or None; of equal means the one
         with the smallest (C, B, η), as the closing lines' analysis picks it (bracketing must judge
         the edges of the optimum they report)."""
-        sign = 1.0 if self.mode == "max" else -1.0
-        done = [(-sign * v, self.cell.values(i), i) for i, v in self.finished.items() if v is not None]
+        done = [(-v, self.cell.values(i), i) for i, v in self.finished.items() if v is not None]
         if not done:
             return None
         _, _, indices = min(done)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ...errors import UserError
 from ...timeline import mark
-from ...schema import DEFAULT_METRIC, LOSS_OF
+from ...schema import DEFAULT_METRIC, LOSS_OF, SCORE, signed
 from ...trainables.training import PrivacyPlan, Trainer, divergence
 from . import tune_adapter
 from .trial_config import plan_figures, train_config
@@ -64,14 +64,16 @@ def check_plan(planned: dict, plan: PrivacyPlan) -> None:
 
 def epoch_report(metrics: dict, plan: PrivacyPlan, trainable: int, history: list[dict] | None = None,
                  metric: str = DEFAULT_METRIC) -> dict:
-    """Flat scalar metrics for Ray Tune, the sweep's ``metric`` (what the searcher and scheduler
-    compare) and its loss first (the progress table shows them), plus the run's privacy plan and
+    """Flat scalar metrics for Ray Tune, the sweep's ``metric``, its signed ``score`` (what the
+    searcher and the scheduler compare: higher is better) and its loss first (the progress table
+    shows them), plus the run's privacy plan and
     ``fully_clipped`` (1 when every example of every step so far was clipped: the searcher's
     clip-equivalence reads it; computed from private norms, NOT private), and ``error`` when the run
     diverged in this epoch (its last report: the trial ends with it, recorded, not retried). ``plan``: the
     trainer's privacy plan; ``trainable``: its number of trainable parameters."""
     head = {k: metrics[k] for k in (metric, LOSS_OF[metric], "epsilon_spent", "epoch") if k in metrics}
     head = {metric: math.nan, **head}   # private selection scores only at the end (Ray Tune wants the metric)
+    head = {metric: head[metric], SCORE: signed(metric, head[metric]), **head}
     rest = {k: v for k, v in metrics.items()
             if k not in head and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {**head, **rest, "noise_multiplier": plan.noise_multiplier,

@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 import ray
 from ray import tune
 
-from ...schema import DEFAULT_METRIC
+from ...schema import DEFAULT_METRIC, SCORE
 from ...errors import UserError
 from ...timeline import mark
 from ...search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
@@ -103,9 +103,9 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
     Trials get flat configs (:mod:`dptune.platform.sweep.trial_config`); the spec's scheduler, if any, stops hopeless
     trials within their cell. ``trainable`` replaces the DP trainable (tests, benchmarks)."""
     start_ray(address, log_to_driver=bool(settings.verbose))
-    scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute(), metric=plan.metric, mode=plan.mode)
+    scheduler = build_scheduler(plan.space.search.scheduler, settings.paths.absolute())
     packing = PackPolicy.for_sweep(plan.space.search, settings.resources, trial_slots(settings))
-    searcher = SweepSearcher(plan, metric=plan.metric, mode=plan.mode, on_equivalent=EquivalenceLog(settings.paths.absolute()),
+    searcher = SweepSearcher(plan, metric=SCORE, on_equivalent=EquivalenceLog(settings.paths.absolute()),
                              pack=packing, paths=settings.paths.absolute())
     tuner = tune.Tuner(
         resourced(settings) if trainable is None else resourced(settings, trainable),
@@ -200,7 +200,7 @@ def _outcome(results: tune.ResultGrid, settings: RunSettings, searcher: SweepSea
     if unrun:
         print(f"dptune: the plan is not complete: {unrun} planned trial(s) did not run; "
               f"`dptune resume {settings.paths.root}` runs them", file=out)
-    metric = searcher.metric if searcher is not None else DEFAULT_METRIC
+    metric = searcher.plan.metric if searcher is not None else DEFAULT_METRIC
     return SweepOutcome(settings.paths, len(endings) - errored, errored, results, unrun, metric,
                         recurring_error(r.metrics for r in results))
 

@@ -17,16 +17,16 @@ import json
 import math
 from typing import Callable
 
-from ...schema import DEFAULT_METRIC, METRICS
+from ...schema import DEFAULT_METRIC, METRICS, SCORE
 from ...schema.metrics import SCORES
 from . import tune_adapter
 from .pack_policy import PACK
-from ..store.results_store import ResultsStore
+from ..store.results_store import ResultsStore, selected_values
 
 #: Set in the one report of a trial that was kept from the store (the store callback skips it).
 KEPT = "kept_from_store"
 #: Results a kept trial reports again (what the searcher, schedulers and progress lines read).
-RESULT_COLUMNS = (*METRICS, *SCORES, "epsilon_spent", "epoch", "step", "steps", "fully_clipped", "noise_multiplier",
+RESULT_COLUMNS = (*METRICS, SCORE, *SCORES, "epsilon_spent", "epoch", "step", "steps", "fully_clipped", "noise_multiplier",
                   "sample_rate", "noise_sqrt_steps", "clipped_fraction", "train_time_s")
 
 
@@ -45,6 +45,7 @@ def kept_results(store: ResultsStore) -> dict[str, dict]:
         return {}
     whole = trials.error.isna() if "error" in trials.columns else True
     ended = trials[trials.status.isin(["finished", "stopped", "proxy"]) & trials.config_id.notna() & whole]
+    ended = ended.assign(**{SCORE: selected_values(ended)["score"]})   # a store written before the score: signed here
     return {row["config_id"]: {k: _scalar(row[k]) for k in RESULT_COLUMNS if k in row and _scalar(row[k]) is not None}
             for _, row in ended.iterrows()}
 
@@ -59,7 +60,7 @@ def keeping(trainable: Callable[[dict], None], kept: dict[str, dict]) -> Callabl
                 trainable(config, **options)
             else:
                 metric = config[PACK][0].get("metric", DEFAULT_METRIC)   # Ray Tune wants it in every result
-                tune_adapter.report({metric: math.nan, KEPT: 1, "members": {str(k): {**r, KEPT: 1, "member_status": "ended"}
+                tune_adapter.report({metric: math.nan, SCORE: math.nan, KEPT: 1, "members": {str(k): {**r, KEPT: 1, "member_status": "ended"}
                                                           for k, r in enumerate(results)}})
             return
         result = kept.get(config_id(config))

@@ -15,7 +15,7 @@ import math
 
 import ray
 
-from ...schema import DEFAULT_METRIC, METRICS
+from ...schema import DEFAULT_METRIC, SCORE
 from ...trainables.pack_training import PackTrainer
 from . import tune_adapter
 from .pack_policy import member_configs
@@ -55,7 +55,7 @@ def run_pack(config: dict) -> None:
 
 def pack_report(trainer: PackTrainer, metric: str) -> dict:
     """The pack's Tune result: each member's last result under ``members`` (keyed "0", "1", …) and,
-    for Ray Tune's table, the best member's ``metric``, the epoch, step and T."""
+    for Ray Tune's table, the best member's ``metric`` and ``score`` (the highest score), the epoch, step and T."""
     members = {}
     for k, history in enumerate(trainer.histories):
         if not history:
@@ -64,7 +64,7 @@ def pack_report(trainer: PackTrainer, metric: str) -> dict:
         ended = trainer.done or not bool(trainer.engine.active[k])
         members[str(k)] = {**result, "member_status": "ended" if ended else "running",
                            **({"error": trainer.errors[k]} if trainer.errors[k] else {})}
-    values = [m[metric] for m in members.values() if isinstance(m.get(metric), float) and math.isfinite(m[metric])]
-    best = (max if METRICS[metric].mode == "max" else min)(values) if values else math.nan
-    return {metric: best, "epoch": trainer.epoch, "step": trainer.step, "steps": trainer.lead.plan.steps,
+    scored = [m for m in members.values() if isinstance(m.get(SCORE), float) and math.isfinite(m[SCORE])]
+    best = max(scored, key=lambda m: m[SCORE]) if scored else {metric: math.nan, SCORE: math.nan}
+    return {metric: best[metric], SCORE: best[SCORE], "epoch": trainer.epoch, "step": trainer.step, "steps": trainer.lead.plan.steps,
             "pack_members": trainer.members, "members": members}

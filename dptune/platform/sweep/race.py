@@ -83,13 +83,12 @@ class Race:
     def contending(self, search: object) -> list[Indices]:
         """The configurations the test cannot tell from the cell's optimum (the optimum first, then by
         mean, best first), among those with a full result on every seed they ran."""
-        sign = 1.0 if search.mode == "max" else -1.0
         ordered = sorted(search.scores.items(), key=lambda kv: search.cell.values(kv[0]))   # ties as the analysis
         scores = {key: values for key, values in ordered if key in search.complete and None not in values.values()}
         if not scores:
             return []
         seeds = sorted({s for values in scores.values() for s in values})
-        table = np.array([[sign * values.get(s, np.nan) for s in seeds] for values in scores.values()], dtype=float)
+        table = np.array([[values.get(s, np.nan) for s in seeds] for values in scores.values()], dtype=float)
         best, p = against_best(table, self.looks, self.paired)
         order = sorted(range(len(table)), key=lambda i: (i != best, -np.nanmean(table[i])))
         keys = list(scores)

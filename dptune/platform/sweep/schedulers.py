@@ -34,6 +34,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 
 from ...errors import UserError
+from ...schema import SCORE
 from ...search_spaces.search_sections import Scheduler
 from ..store.durable import read_file, write_bytes
 from ..store.layout import ExperimentPaths
@@ -49,10 +50,11 @@ STEP_ATTR = "step"
 MAX_STEPS = 2**31
 
 
-def cell_scheduler(settings: Scheduler, epochs: float, *, metric: str, mode: str) -> TrialScheduler:
+def cell_scheduler(settings: Scheduler, epochs: float, *, metric: str = SCORE, mode: str = "max") -> TrialScheduler:
     """The scheduler of one cell whose trials train ``epochs`` epochs: epochs as the resource, or
     optimizer steps with ``grace_steps`` (then rungs run up to :data:`MAX_STEPS`; a trial ends at
-    its own T whatever the rungs above it)."""
+    its own T whatever the rungs above it). It compares the trials' signed score; ``metric`` and
+    ``mode`` are kept for a scheduler pickled before the score (it resumes on its own metric)."""
     by_steps = settings.grace_steps is not None
     time_attr, grace = (STEP_ATTR, settings.grace_steps) if by_steps else (TIME_ATTR, settings.grace_epochs)
     if settings.name == "asha":
@@ -70,12 +72,11 @@ class PerCellScheduler(FIFOScheduler):
     trials without a ``cell`` key run to the end. ``state``: the experiment whose folder keeps the
     groups' state."""
 
-    def __init__(self, settings: Scheduler, *, metric: str, mode: str = "max",
-                 state: ExperimentPaths | None = None) -> None:
+    def __init__(self, settings: Scheduler, *, state: ExperimentPaths | None = None) -> None:
         super().__init__()
-        self._metric, self._mode = metric, mode
+        self._metric, self._mode = SCORE, "max"
         self.settings = settings
-        self.make = functools.partial(cell_scheduler, settings, metric=metric, mode=mode)
+        self.make = functools.partial(cell_scheduler, settings)
         self.state = state
         self.cells: dict[str, TrialScheduler] = {}
         self.stopped: set[str] = set()   # trials stopped by a decision already taken
@@ -186,9 +187,9 @@ class PerCellScheduler(FIFOScheduler):
             self.cells, self.stopped = saved["cells"], saved["stopped"]
 
 
-def build_scheduler(settings: Scheduler, paths: ExperimentPaths | None, *, metric: str,
-                    mode: str = "max") -> TrialScheduler | None:
-    """The sweep's scheduler (None for ``none``: every trial runs to its last epoch)."""
+def build_scheduler(settings: Scheduler, paths: ExperimentPaths | None) -> TrialScheduler | None:
+    """The sweep's scheduler (None for ``none``: every trial runs to its last epoch); it compares
+    the trials' signed score (:data:`~dptune.schema.metrics.SCORE`)."""
     if settings.name == "none":
         return None
-    return PerCellScheduler(settings, metric=metric, mode=mode, state=paths)
+    return PerCellScheduler(settings, state=paths)

@@ -1,6 +1,6 @@
 """A Ray Tune searcher over a whole sweep plan: one :class:`~dptune.platform.sweep.cell_search.CellSearch` per cell, cell by cell.
 
-Use it as ``TuneConfig(search_alg=SweepSearcher(plan, metric=plan.metric, mode="max"), num_samples=-1)``.
+Use it as ``TuneConfig(search_alg=SweepSearcher(plan, metric="score"), num_samples=-1)``: it maximises the trials' signed score.
 Each suggested Ray Tune config is the flat config of a trial (:mod:`dptune.platform.sweep.trial_config`). It hands out
 the trials of the first cell, then the next (a cell whose clip-equivalence chains all wait for a
 larger C lets the next cells hand out trials meanwhile), and returns ``Searcher.FINISHED`` when
@@ -78,9 +78,9 @@ class SweepSearcher(Searcher):
         #: where each cell's bracketing is kept as it goes (None: not kept)
         self.paths = paths
         extensions, max_seeds = plan.space.search.bracket_extensions, plan.space.search.racing_max_seeds
-        self.cells = [CellSearch(cell, cell_strategy(plan, i, mode=mode, clip_equivalence=clip_equivalence,
+        self.cells = [CellSearch(cell, cell_strategy(plan, i, clip_equivalence=clip_equivalence,
                                                      warm_start=lambda i=i: self.warm_start_point(i)),
-                                 plan.space.seeds, mode=mode,
+                                 plan.space.seeds,
                                  bracket=Bracket(extensions) if extensions is not None and not cell.private else None,
                                  race=Race.of(tuple(plan.space.seeds), max_seeds,
                                               paired=plan.space.trial.config().get("randomness") != "secure",
@@ -134,7 +134,7 @@ class SweepSearcher(Searcher):
     def _result(self, cell: int, pid: str, config: dict, trial_id: str, result: Optional[dict], error: bool) -> None:
         """One trial's (or pack member's) result, told to its cell."""
         seed = int(config["seed"])
-        value = None if error or not result else result.get(self.metric)
+        value = None if error or not result else self.score(result)
         completed = not error and bool(result) and result.get("step") == result.get("steps")
         fully = completed and result.get("fully_clipped") == 1
         steps = (result or {}).get("steps")
@@ -144,6 +144,12 @@ class SweepSearcher(Searcher):
             self.equivalents += equivalents
             if self.on_equivalent is not None:
                 self.on_equivalent(list(self.equivalents))
+
+    def score(self, result: dict) -> float | None:
+        """A result's score, higher is better: the sweep's trials report it (``metric`` ``score``,
+        ``mode`` ``max``); a metric of Ray Tune's choosing is signed by its ``mode`` here, once."""
+        value = result.get(self.metric)
+        return None if value is None else (float(value) if self.mode == "max" else -float(value))
 
     def save(self, checkpoint_path: str) -> None:
         write_bytes(LocalFileSystem(), checkpoint_path, pickle.dumps(self.__dict__))
@@ -205,7 +211,7 @@ class SweepSearcher(Searcher):
         found = [(best[1], j, best[0]) for j in self.neighbours(cell) if (best := self.best(j)) is not None]
         if not found:
             return None
-        _, source, indices = (max if self.mode == "max" else min)(found, key=lambda f: f[0])
+        _, source, indices = max(found, key=lambda f: f[0])
         batch = self.plan.cells[source].values(indices)[1]
         mine = self.plan.cells[cell].searched_batch_sizes
         nearest = min(range(len(mine)), key=lambda k: (abs(math.log(mine[k] / batch)), mine[k]))
@@ -256,7 +262,7 @@ def chained(plan: "SweepPlan", cell: int, *, clip_equivalence: bool = True) -> b
             and c.trial.config().get("clip_fn", "flat") == "flat" and c.cell.private and len(c.clip_bounds) > 1)
 
 
-def cell_strategy(plan: "SweepPlan", cell: int, *, mode: str, clip_equivalence: bool,
+def cell_strategy(plan: "SweepPlan", cell: int, *, clip_equivalence: bool,
                   warm_start: Callable[[], Indices | None]) -> object:
     """The strategy of one cell (see the module docstring)."""
     c, search = plan.cells[cell], plan.space.search
@@ -265,7 +271,7 @@ def cell_strategy(plan: "SweepPlan", cell: int, *, mode: str, clip_equivalence: 
     if search.algorithm in MODEL_BASED:   # Optuna's TPE, or its GP sampler over continuous C and η
         sampler = (GP if search.algorithm == "gp" else TPE)(
             (len(c.clip_bounds), len(c.searched_batch_sizes), len(plan.space.learning_rate.multipliers)),
-            seed=c.sampler_seed(), mode=mode,
+            seed=c.sampler_seed(),
             startup_trials=search.startup_trials or default_startup_trials(c.num_configurations))
         return WarmStart(sampler, warm_start) if search.warm_start else sampler
     if chained(plan, cell, clip_equivalence=clip_equivalence):

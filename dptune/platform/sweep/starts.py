@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ...search_spaces.spec import Catalog, Spec, SpecError, register_check
 from ..store.layout import ExperimentPaths
-from ..store.results_store import ResultsStore
+from ..store.results_store import ResultsStore, selected_values
 
 if TYPE_CHECKING:
     from ...search_spaces.planner import CellPlan
@@ -30,8 +30,9 @@ def prior_optima(folder: str) -> dict[str, tuple[float, float, int, float]]:
     """An earlier sweep's optimum per cell: cell key → (ε, C, B, η multiplier), the best seed-mean
     score (higher is better, whatever the metric) of its finished full-scale trials."""
     trials = ResultsStore(ExperimentPaths.find(folder).store).table("trials")
-    if trials.empty or "score" not in trials:
+    if trials.empty:
         return {}
+    trials = trials.assign(score=selected_values(trials)["score"])   # a store written before the score: signed here
     done = trials[trials["status"].isin(["finished", "equivalent"]) & trials["score"].notna()].copy()
     done["lr_multiplier"] = [json.loads(c).get("lr_multiplier", math.nan) if isinstance(c, str) else math.nan
                              for c in done.get("config_json", [None] * len(done))]

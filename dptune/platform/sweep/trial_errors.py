@@ -17,7 +17,7 @@ from typing import Iterable
 
 from ray import tune
 
-from ...schema import DEFAULT_METRIC
+from ...schema import DEFAULT_METRIC, SCORE
 from ...errors import UserError
 from .pack_policy import PACK
 
@@ -40,10 +40,10 @@ def diverged(error: BaseException) -> bool:
 
 def failure_report(config: dict, error: BaseException) -> dict:
     """The last report of a trial (or of each member of a pack) that met an error of its input: the
-    error's one line, marked recurring, and the sweep's metric as NaN (Ray Tune wants it)."""
+    error's one line, marked recurring, and the sweep's metric and score as NaN (Ray Tune wants them)."""
     message = f"{type(error).__name__}: {error}" if not isinstance(error, UserError) else str(error)
     metric = (config[PACK][0] if PACK in config else config).get("metric", DEFAULT_METRIC)
-    report = {metric: float("nan"), "error": message, RECURRING: 1}
+    report = {metric: float("nan"), SCORE: float("nan"), "error": message, RECURRING: 1}
     if PACK in config:
         report["members"] = {str(k): {"error": message, "member_status": "ended"} for k in range(len(config[PACK]))}
     return report

@@ -19,7 +19,7 @@ from ...errors import UserError
 from ...schema import HYPERPARAMETERS, METRICS, NON_PRIVATE_LABEL, figure, non_private
 from ..store.durable import read_json
 from ..store.layout import ExperimentPaths, added_trials, filesystem
-from ..store.results_store import ResultsStore
+from ..store.results_store import ResultsStore, selected_values
 
 COLUMNS = ("cell", "finished", "running", "pending", "stopped", "errored", "best (mean over seeds)", "trial-epochs")
 #: Statuses whose accuracy is a whole run's (a clip-equivalent trial has its source's): what the
@@ -108,14 +108,16 @@ def _duration(seconds: float) -> str:
 
 def best_setting(trials: pd.DataFrame) -> str:
     """A cell's best (C, B, η) so far as the sweep's closing lines give it: the best mean over seeds
-    of its complete runs (finished, or clip-equivalent to one), stopped runs left out — the largest,
-    or the smallest where the selected metric is lower-is-better (``metric_mode`` min); "—" if none."""
-    done = trials[trials["status"].isin(COMPLETE)].dropna(subset=["accuracy"]) if len(trials) else trials
+    of its complete runs (finished, or clip-equivalent to one), stopped runs left out, by the signed
+    score (higher is better, whatever the metric), shown in the metric's own value; "—" if none."""
+    done = trials[trials["status"].isin(COMPLETE)] if len(trials) else trials
+    if len(done):
+        selected = selected_values(done)
+        done = done[SETTING].assign(value=selected["value"], score=selected["score"]).dropna(subset=["value"])
     if not len(done):
         return "—"
-    means = done.groupby(SETTING)["accuracy"].agg(["mean", "size"])
-    lower = "metric_mode" in done and bool((done["metric_mode"] == "min").any())
-    best = means["mean"].idxmin() if lower else means["mean"].idxmax()
+    means = done.groupby(SETTING).agg(mean=("value", "mean"), score=("score", "mean"), size=("value", "size"))
+    best = means["score"].idxmax()
     (c, b, lr), top = best, means.loc[best]
     return f"{top['mean']:.3f} (C={c:g}, B={int(b)}, η={lr:.3g}; {int(top['size'])} seed{'s' if top['size'] > 1 else ''})"
 
