@@ -20,7 +20,7 @@ import warnings
 
 import torch
 
-from dptune.trainables.models import frozen_features
+from dptune.trainables import frozen_features
 from dptune.trainables.config import TrainConfig
 from dptune.trainables.training import Trainer
 

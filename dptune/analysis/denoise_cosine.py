@@ -42,10 +42,10 @@ def cosine_curves(sweep: Sweep, epochs: pd.DataFrame) -> pd.DataFrame:
 def cosine_figure(curves: pd.DataFrame, *, max_cells: int = 12) -> Figure:
     """One panel per cell: cos(ĝ, ḡ) and cos(rmt(ĝ), ḡ) per epoch (left axis), and the gate-open
     share and the share of gate-open pairs whose cosine improved (right axis, dotted)."""
-    from .figures import NONPRIVATE_NOTE, _layout, _wrap
+    from .figures import NONPRIVATE_NOTE, panel_grid, wrapped_text
 
     names = list(dict.fromkeys(curves["cell_name"]))[:max_cells]
-    fig, axes = _layout(len(names), 4.2, 3.0)
+    fig, axes = panel_grid(len(names), 4.2, 3.0)
     legend: list = []
     for ax, name in zip(axes, names):
         c = curves[curves["cell_name"] == name]
@@ -60,7 +60,7 @@ def cosine_figure(curves: pd.DataFrame, *, max_cells: int = 12) -> Figure:
                    label="improved, of gate-open")
         share.set_ylim(0, 1.05)
         share.set_ylabel("share of (layer, step) pairs", fontsize=8)
-        ax.set_title(_wrap(str(name)), fontsize=9)
+        ax.set_title(wrapped_text(str(name)), fontsize=9)
         legend = legend or [*ax.get_legend_handles_labels()[0], *share.get_legend_handles_labels()[0]]
     if legend:
         fig.legend(legend, [h.get_label() for h in legend], loc="outside lower center", ncol=4, fontsize=8)

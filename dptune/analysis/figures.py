@@ -29,7 +29,7 @@ MAX_COLUMNS = 4
 NONPRIVATE_NOTE = "NOT differentially private (computed from private training examples)"
 
 
-def _layout(panels: int, width: float, height: float) -> tuple[Figure, list]:
+def panel_grid(panels: int, width: float, height: float) -> tuple[Figure, list]:
     cols = max(1, min(panels, MAX_COLUMNS))
     rows = max(1, math.ceil(panels / cols))
     fig = Figure(figsize=(width * cols, height * rows + 0.6), layout="constrained")
@@ -53,7 +53,7 @@ def _log_ticks(axis, values: Sequence[float]) -> None:
     axis.set_minor_locator(NullLocator())
 
 
-def _wrap(title: str, width: int = 42) -> str:
+def wrapped_text(title: str, width: int = 42) -> str:
     """Break a long cell name at its ' · ' separators."""
     lines, line = [], ""
     for part in title.split(" · "):
@@ -73,7 +73,7 @@ def heatmap_figure(table: pd.DataFrame, cells: pd.DataFrame, facet: str, *, acro
     facet (ordered by ``across``), on one colour scale (one colour bar: a colour means the same value
     in every panel; reversed where lower is better, so the bright end is always the better); the
     optimum is starred with its η; errored-only settings read "error"."""
-    fig, axes = _layout(len(cells), 4.4, 3.9)
+    fig, axes = panel_grid(len(cells), 4.4, 3.9)
     shown = table[table["cell_name"].isin(cells["cell_name"])]
     values = shown["value"].to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
@@ -104,7 +104,7 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float, lo
     is better)."""
     cs = sorted(table["clip_bound"].dropna().unique())
     bs = sorted(table["batch_size"].dropna().unique())
-    ax.set_title(_wrap(title), fontsize=10)
+    ax.set_title(wrapped_text(title), fontsize=10)
     if not cs or not bs:
         ax.text(0.5, 0.5, "no (C, B) recorded", transform=ax.transAxes, ha="center", va="center")
         return None
@@ -186,7 +186,7 @@ def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float], eta_tune
         text = "not run" if pd.isna(r["fixed_value"]) else worse if r["cost"] > 0 else "optimal"
         ax.text(max(r["value"], r["fixed_value"] if pd.notna(r["fixed_value"]) else 0, 0) + 0.01 * top, k,
                 text, va="center", fontsize=8)
-    ax.set_yticks(y, labels=[_wrap(c, 60) for c in cost["cell_name"]], fontsize=8)
+    ax.set_yticks(y, labels=[wrapped_text(c, 60) for c in cost["cell_name"]], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 1.12 * top)
     ax.set_xlabel(metric)
@@ -199,7 +199,7 @@ def fixed_cost_figure(cost: pd.DataFrame, setting: tuple[float, float], eta_tune
 def noise_figure(curves: pd.DataFrame, cells: pd.DataFrame, facet: str, optima: pd.DataFrame, *,
                  min_steps: int, plateau_tol: float) -> Figure:
     """σ√T against B per cell: plateau band, minimum-step floor, recommended B, Bs tried, best B."""
-    fig, axes = _layout(len(cells), 4.6, 3.5)
+    fig, axes = panel_grid(len(cells), 4.6, 3.5)
     for ax, (_, cell) in zip(axes, cells.iterrows()):
         curve = curves[curves["cell_name"] == cell["cell_name"]].sort_values("batch_size")
         best = optima.loc[optima["cell_name"] == cell["cell_name"], "batch_size"]
@@ -214,7 +214,7 @@ def noise_figure(curves: pd.DataFrame, cells: pd.DataFrame, facet: str, optima: 
 
 def _noise_panel(ax, curve: pd.DataFrame, cell: pd.Series, best_batch: float | None, min_steps: int,
                  plateau_tol: float) -> None:
-    ax.set_title(_wrap(cell["cell_name"]), fontsize=10)
+    ax.set_title(wrapped_text(cell["cell_name"]), fontsize=10)
     ax.set_xscale("log")
     ax.set_xlabel("batch size B")
     ax.set_ylabel("σ√T")
@@ -305,14 +305,14 @@ def gradnorm_figure(norms: pd.DataFrame, cells: pd.DataFrame, facet: str, *, acr
 
 def retention_figure(norms: pd.DataFrame, cells: pd.DataFrame, facet: str) -> Figure:
     """w_y(C) against C per class, one panel per cell, the cell's optimal C marked."""
-    fig, axes = _layout(len(cells), 4.4, 3.4)
+    fig, axes = panel_grid(len(cells), 4.4, 3.4)
     grid = retention_grid(norms)
     curves = retention_curves(norms, grid)
     labels = sorted(norms["label"].unique())
     colours = {label: f"C{k % 10}" if len(labels) <= 10 else colormaps["viridis"](k / max(len(labels) - 1, 1))
                for k, label in enumerate(labels)}
     for ax, (_, cell) in zip(axes, cells.iterrows()):
-        ax.set_title(_wrap(cell["cell_name"]), fontsize=10)
+        ax.set_title(wrapped_text(cell["cell_name"]), fontsize=10)
         c = curves[curves["cell_name"] == cell["cell_name"]]
         for label, per_class in c.groupby("label"):
             ax.plot(per_class["clip_bound"], per_class["retention"], color=colours[label], linewidth=1.1,

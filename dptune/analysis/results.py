@@ -51,7 +51,7 @@ def null_label(column: str) -> str:
     return "none" if default is None else fmt(default)
 
 
-def _cell_name(key: dict) -> str:
+def cell_title(key: dict) -> str:
     parts = []
     for column, value in key.items():
         if column == "epsilon":
@@ -121,7 +121,7 @@ class Sweep:
                 varying.append(column)
                 t[column] = t[column].map(fmt)
         cell_columns = CELL_AXES + tuple(varying)
-        t["cell_name"] = [_cell_name(dict(zip(cell_columns, row)))
+        t["cell_name"] = [cell_title(dict(zip(cell_columns, row)))
                           for row in t[list(cell_columns)].itertuples(index=False)]
         return cls(t.reset_index(drop=True), cell_columns, proxies.reset_index(drop=True))
 
@@ -166,7 +166,7 @@ class Sweep:
             yield "all cells", cells.sort_values(across).reset_index(drop=True)
             return
         for _, group in cells.groupby(rest, sort=True, dropna=False):
-            name = _cell_name(dict(zip(rest, group[rest].iloc[0])))
+            name = cell_title(dict(zip(rest, group[rest].iloc[0])))
             yield name, group.sort_values(across).reset_index(drop=True)
 
     # -- results ---------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> tuple
     """For each facet, each pair of neighbouring cells along ``across``: a line for each of the optimal
     C and B that is larger or smaller (:func:`compare_optima`), named by the facet and the two values of
     ``across``; and how many comparisons were not distinguishable."""
-    from .results import _cell_name
+    from .results import cell_title
 
     lines, ties = [], 0
     known = set(intervals["cell_name"])
@@ -208,8 +208,8 @@ def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> tuple
                 if verdict == "not distinguishable":
                     ties += 1
                 elif verdict != "unknown":
-                    lines.append(f"{facet}: optimal {symbol} at {_cell_name({across: a[across]})} is {verdict} than "
-                                 f"at {_cell_name({across: b[across]})} (indistinguishable sets disjoint, "
+                    lines.append(f"{facet}: optimal {symbol} at {cell_title({across: a[across]})} is {verdict} than "
+                                 f"at {cell_title({across: b[across]})} (indistinguishable sets disjoint, "
                                  f"α = {ALPHA:g})")
     return lines, ties
 

@@ -42,7 +42,7 @@ class StepPRV(Protocol):
     def rdp(self, orders: np.ndarray) -> np.ndarray: ...
 
 
-def _log_expm1_plus(t: np.ndarray, q: float) -> np.ndarray:
+def log_expm1_plus(t: np.ndarray, q: float) -> np.ndarray:
     """log(e^t − 1 + q), stable for large t; NaN where the argument is ≤ 0."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         big = t + np.log1p(-(1.0 - q) * np.exp(-np.maximum(t, 0.0)))
@@ -84,7 +84,7 @@ class SubsampledGaussianPRV:
         """x*(t) with L ≤ t ⇔ x ≤ x* (remove) / x ≥ x*(−t) (add), in units of the sensitivity."""
         q, s = self.sample_rate, self.noise_multiplier
         u = t if self.direction == "remove" else -t
-        return s**2 * (_log_expm1_plus(u, q) - math.log(q)) + 0.5
+        return s**2 * (log_expm1_plus(u, q) - math.log(q)) + 0.5
 
     def _support(self, t: np.ndarray) -> np.ndarray:
         lower = math.log1p(-self.sample_rate) if self.sample_rate < 1 else -np.inf

@@ -37,7 +37,7 @@ import numpy as np
 from scipy import special, stats
 
 from ..errors import UserError
-from .prv import _log_expm1_plus
+from .prv import log_expm1_plus
 
 #: Share of δ spent on the far tail of Z_env: P(Z_env > z_max) = TAIL_FRACTION·δ/T per step.
 TAIL_FRACTION = 1e-3
@@ -217,7 +217,7 @@ class GaussianMixturePRV:
         """u(t) = log((e^{±t} − 1 + q)/q), increasing in t for remove, decreasing for add; −∞
         outside the support (every branch is saturated there)."""
         q = self.sample_rate
-        u = _log_expm1_plus(t if self.direction == "remove" else -t, q) - math.log(q)
+        u = log_expm1_plus(t if self.direction == "remove" else -t, q) - math.log(q)
         return np.where(np.isnan(u), -np.inf, u)
 
     def _loss(self, u: np.ndarray) -> np.ndarray:

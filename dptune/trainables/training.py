@@ -35,7 +35,7 @@ from .data.splits import with_validation
 from .engine.distributed import Workers, baseline_gradient
 from .engine.precision import Precision
 from .engine.dp_engine import DPEngine
-from .models.frozen_features import head_on_features
+from .frozen_features import head_on_features
 from .models.catalog import create_model, data_options, parameter_summary
 from .engine.norm_stats import class_norm_statistics
 from .engine.optimizers import make_optimizer
@@ -210,7 +210,7 @@ class Trainer:
     def build_model(self, model_options: dict) -> nn.Module:
         """The run's model, before the optimizer and the engine see it (the audit's trainer adds
         its canary head here: :mod:`.audit.run`). With ``peft: head`` it is the head alone and the data
-        are the frozen backbone's features, computed once and shared (:mod:`.models.frozen_features`)."""
+        are the frozen backbone's features, computed once and shared (:mod:`.frozen_features`)."""
         model = create_model(self.cfg.model, num_classes=self.data.num_classes, input_shape=self.data.input_shape,
                              task=self.data.task, **model_options)
         self.features_source = None

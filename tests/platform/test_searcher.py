@@ -206,8 +206,6 @@ def test_a_restored_searcher_hands_out_again_what_the_trial_snapshot_lost(catalo
     plan then ends exactly once, as in an uninterrupted run."""
     from ray.tune.experiment import Trial
 
-    from dptune.platform.sweep.searcher import RESTORED, reconcile_restored
-
     plan = plan_sweep(load_spec(toy_spec(), catalog), catalog, workers=1)
     uninterrupted = sorted(key(t) + (t["epsilon"],) for t in run(SweepSearcher(plan, metric="accuracy",
                                                                                clip_equivalence=False)))
@@ -216,7 +214,6 @@ def test_a_restored_searcher_hands_out_again_what_the_trial_snapshot_lost(catalo
     handed = {f"t{i}": before.suggest(f"t{i}") for i in range(4, 8)}         # t4..t7 handed out
     before.save(str(tmp_path / "searcher.pkl"))
     after = SweepSearcher(plan, metric="accuracy", clip_equivalence=False)
-    RESTORED.clear()
     after.restore(str(tmp_path / "searcher.pkl"))
     # Ray Tune's snapshot: t4 ended meanwhile, t5 still running, t6 and t7 lost
     snapshot = []
@@ -225,9 +222,8 @@ def test_a_restored_searcher_hands_out_again_what_the_trial_snapshot_lost(catalo
         trial.set_status(status)
         trial.update_last_result({"accuracy": objective(handed[trial_id])})
         snapshot.append(trial)
-    reconcile_restored(snapshot)
-    reconcile_restored(snapshot)                                              # once only
-    RESTORED.clear()
+    after.reconcile(snapshot)   # as the store callback, which holds it, does at the first step
+    after.reconcile(snapshot)                                                 # once only
     assert after.unrun() > 0
     again = [after.suggest("r0"), after.suggest("r1")]
     assert [key(c) for c in again] == [key(handed["t6"]), key(handed["t7"])]  # lost ones first

@@ -195,13 +195,13 @@ def test_a_full_disk_loses_nothing_stored_and_the_row_arrives_once_space_is_back
 # -- damaged state files; files that must not run code -------------------------------------------
 
 def test_damaged_settings_plan_and_state_are_refused_in_one_line(tmp_path):
-    from dptune.platform.sweep.driver import _load_settings
+    from dptune.platform.sweep.driver import load_settings
 
     paths = ExperimentPaths(str(tmp_path / "exp"))
     paths.create()
     Path(paths.settings).write_text('{"experiment": "exp", "stor')
     with pytest.raises(DamagedFile, match=r"^the run settings .*dptune_settings.json is damaged") as info:
-        _load_settings(paths)
+        load_settings(paths)
     assert "\n" not in str(info.value)
     Path(paths.plan).write_bytes(b"\xff\xfe")
     with pytest.raises(DamagedFile, match="plan"):

@@ -4,7 +4,9 @@ loading path (logits on a fixed prompt), and for being pretrained (it knows a ca
 import pytest
 import torch
 
-from dptune.trainables.models.causal_lm import create_causal_lm, embedded_gguf, lm_source
+from dptune.trainables.checkpoints import lm_source
+from dptune.trainables.hub import embedded_gguf
+from dptune.trainables.models.causal_lm import create_causal_lm
 from dptune.trainables.data.generation import tokenizer_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -9,10 +9,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dptune.trainables import DPEngine
-from dptune.trainables.models import frozen_features
+from dptune.trainables import frozen_features
 from dptune.trainables.engine.batching import model_outputs
 from dptune.trainables.config import TrainConfig
-from dptune.trainables.models.frozen_features import head_on_features
+from dptune.trainables.frozen_features import head_on_features
 from dptune.trainables.data.hf import TokenizedDataset
 from dptune.trainables.data.splits import DatasetSplits
 from dptune.trainables.training import Trainer

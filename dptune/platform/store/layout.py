@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from dataclasses import dataclass, replace
 
 import pyarrow.fs as pafs
 
 from ...errors import NotFound
-from .durable import read_json, write_json
+from .durable import read_file, read_json, write_json
 
 #: The embedded default sweep: what `dptune sweep` runs and `dptune plan` plans without a SPEC.
 DEFAULT_SPEC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "specs", "default.yaml")
@@ -45,6 +46,8 @@ BRACKETING_FILE = f"{STATE}/bracketing.json"
 #: versions kept it at the root (read too).
 EQUIVALENT_FILE, OLD_EQUIVALENT_FILE = f"{STATE}/equivalent.json", "dptune-equivalent.json"
 AUDITS = "audits"
+#: How Ray Tune names the searcher's saved state in the experiment folder (``searcher-state-<session>.pkl``).
+SEARCHER_STATE = "searcher-state-"
 #: Ray Train's runs of multi-worker trials (their checkpoints between worker restarts).
 WORKER_RUNS = "workers"
 #: Figures are written with local file APIs: those of a remote experiment go here.
@@ -172,6 +175,15 @@ class ExperimentPaths:
         a damaged one is refused in one line."""
         fs, path = filesystem(self.plan)
         return read_json(fs, path, "the sweep's plan")
+
+    def searcher_state(self) -> dict | None:
+        """The state of the sweep's searcher as Ray Tune last saved it beside the experiment (its
+        newest ``searcher-state-*.pkl``, as Ray Tune restores it), or None; a damaged one is refused in
+        one line. Unpickling it imports the searcher's classes: call it from the sweep."""
+        fs, root = filesystem(self.root)
+        found = sorted(info.path for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+                       if info.base_name.startswith(SEARCHER_STATE) and info.base_name.endswith(".pkl"))
+        return read_file(fs, found[-1], pickle.loads, "the searcher's state") if found else None
 
     def save_audit(self, trial_id: str, result: dict) -> str:
         """Keep ``dptune audit``'s result for a trial of this experiment; returns the file's path."""

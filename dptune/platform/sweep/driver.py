@@ -33,7 +33,7 @@ from .trial_errors import recurring_error
 from .ray_setup import console
 from .ray_tasks import RayTasks
 from .schedulers import build_scheduler
-from .searcher import RESTORED, SweepSearcher
+from .searcher import SweepSearcher
 from .selection_release import release_selections
 from ..store.records import reported
 from ..store.storage_check import check_storage
@@ -113,7 +113,7 @@ def run_sweep(plan: SweepPlan, settings: RunSettings, *, address: str | None = N
                                     num_samples=-1,
                                     scheduler=scheduler, reuse_actors=True,
                                     max_concurrent_trials=max_concurrent(settings)),
-        run_config=run_config(settings, plan.num_trials),
+        run_config=run_config(settings, plan.num_trials, searcher),
     )
     settings.paths.create(owner_only=plan.space.selection.private)
     _save_settings(settings)
@@ -132,24 +132,21 @@ def resume_sweep(root: str, *, restart_errored: bool = False, address: str | Non
     ones resume (or restart from scratch), finished ones are kept; the searcher's state is restored.
     A configuration the results store holds as ended is not trained again (see :mod:`dptune.platform.sweep.kept`); one
     the searcher handed out before the kill that Ray Tune's snapshot lost is trained now (see
-    :func:`dptune.platform.sweep.searcher.reconcile_restored`)."""
+    :meth:`dptune.platform.sweep.searcher.SweepSearcher.reconcile`)."""
     paths = ExperimentPaths(root).absolute()
     if not tune.Tuner.can_restore(paths.root):
         raise UserError(f"no restorable experiment at {root!r}: pass the folder "
                          "<storage>/<experiment> that `dptune sweep` printed")
-    settings = _load_settings(paths)
+    settings = load_settings(paths)
     start_ray(address, log_to_driver=bool(settings.verbose))
     console(bool(settings.verbose))
     kept = kept_results(ResultsStore(settings.paths.store))  # what ended, even if Ray's snapshot lags
     function = keeping(trainable or dp_trainable, kept)
-    RESTORED.clear()   # the searcher Ray Tune restores for this resume registers itself here
     tuner = tune.Tuner.restore(paths.root, resourced(settings, function), resume_unfinished=True,
                                resume_errored=not restart_errored, restart_errored=restart_errored)
     print(f"dptune: resuming {paths.root}", file=out)
     results = tuner.fit()
-    searcher = RESTORED[-1] if RESTORED else None
-    RESTORED.clear()
-    return _outcome(results, settings, searcher, out)
+    return _outcome(results, settings, SweepSearcher.saved(paths), out)
 
 
 def _save_settings(settings: RunSettings) -> None:
@@ -178,7 +175,7 @@ def _save_plan(plan: SweepPlan, settings: RunSettings) -> None:
     write_json(fs, f"{root}/{PLAN_FILE}", plan_record(plan), indent=1)
 
 
-def _load_settings(paths: ExperimentPaths) -> RunSettings:
+def load_settings(paths: ExperimentPaths) -> RunSettings:
     fs, root = paths.filesystem()
     saved = read_json(fs, f"{root}/{SETTINGS_FILE}", "the run settings")
     if saved is None:

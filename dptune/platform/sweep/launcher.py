@@ -8,7 +8,7 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import ray
 from ray import tune
@@ -24,6 +24,9 @@ from .spec_sections import Resources
 from .trackers import Tracking, tracker_callbacks
 from .trial_errors import StopOnRecurringError
 from .trial_function import dp_trainable
+
+if TYPE_CHECKING:
+    from .searcher import SweepSearcher
 
 
 @dataclass
@@ -171,8 +174,9 @@ def _cluster_fits(resources: Resources) -> int:
     return max(1, int(min(fits)))
 
 
-def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfig:
-    """Storage, retries, two kept checkpoints per trial, the store callback, the spec's trackers and,
+def run_config(settings: RunSettings, total: int | None = None, searcher: "SweepSearcher | None" = None) -> tune.RunConfig:
+    """Storage, retries, two kept checkpoints per trial, the store callback (holding ``searcher``, which
+    it tells on resume which trials Ray Tune's snapshot holds), the spec's trackers and,
     unless Ray Tune's own verbose output is on, one progress line per ended trial (of ``total``) and
     no traceback per failed attempt (:func:`~dptune.platform.sweep.ray_setup.console`).
 
@@ -181,7 +185,7 @@ def run_config(settings: RunSettings, total: int | None = None) -> tune.RunConfi
     paths = settings.paths.absolute()
     # the live file first: a trial that ends leaves it before the store records it (no double count)
     # each pack member is a trial of its own to all but Ray Tune (the store callback writes its rows itself)
-    callbacks: list[tune.Callback] = [PerMember(LiveStatus(paths)), StoreCallback(paths)]
+    callbacks: list[tune.Callback] = [PerMember(LiveStatus(paths)), StoreCallback(paths, searcher=searcher)]
     callbacks += map(PerMember, tracker_callbacks(settings.tracking, settings.experiment, str(paths.root)))
     console(bool(settings.verbose))
     if settings.verbose == 0:

@@ -47,17 +47,6 @@ if TYPE_CHECKING:
     from ...search_spaces.planner import SweepPlan
     from ..store.layout import ExperimentPaths
 
-#: The searchers Ray Tune restored in this process from an experiment's snapshot (newest last).
-RESTORED: list["SweepSearcher"] = []
-
-
-def reconcile_restored(trials: list) -> None:
-    """Tell every searcher restored in this process which trials Ray Tune's snapshot holds (the
-    store callback calls it at the first step of a resumed sweep, before any suggestion)."""
-    for searcher in RESTORED:
-        searcher.reconcile(trials)
-
-
 def default_startup_trials(budget: int) -> int:
     """Random proposals before TPE models the results: a third of the budget, 1 to 10."""
     return max(1, min(10, budget // 3))
@@ -103,6 +92,18 @@ class SweepSearcher(Searcher):
         self._pending: deque = deque()                     # (cell, proposal id, trial config) to hand out
         #: Ray trial id → its (cell, proposal id, trial config): one, or a pack's members
         self._trials: dict[str, list[tuple[int, str, dict]]] = {}
+        self._reconciled = True   # a restored state is squared with Ray Tune's trials once (reconcile)
+
+    @classmethod
+    def saved(cls, paths: "ExperimentPaths") -> "SweepSearcher | None":
+        """The searcher of the experiment at ``paths`` as Ray Tune last saved it (at the end of a run,
+        its final state), or None: what a resumed sweep's closing lines read."""
+        state = paths.searcher_state()
+        if state is None:
+            return None
+        searcher = cls.__new__(cls)
+        searcher.__dict__.update(state)
+        return searcher
 
     # --- Ray Tune's Searcher interface -----------------------------------------------------------
 
@@ -159,14 +160,14 @@ class SweepSearcher(Searcher):
         saved = read_file(LocalFileSystem(), checkpoint_path, pickle.loads, "the searcher's state")
         self.__dict__.update(saved)
         self._reconciled = False
-        RESTORED.append(self)
 
     def reconcile(self, trials: list) -> None:
         """Square this state with Ray Tune's restored trials: a trial handed out here that the
         snapshot does not hold is handed out again, first; one the snapshot holds as ended (it
         ended after this state was saved: Ray Tune will not report it again) is taken as reported.
         A trial of the snapshot unknown here (a newer trial list) needs nothing: the store keeps
-        one row per configuration."""
+        one row per configuration. The store callback calls it at the first step of a resumed sweep,
+        before any suggestion; only its first call after :meth:`restore` does anything."""
         if self._reconciled:
             return
         self._reconciled = True

@@ -6,11 +6,14 @@ ends, and the first step of a resumed sweep records every trial Ray Tune holds a
 the store lacks (a row lost to a crash, a failed write, a quarantined file), from its checkpoint.
 A pack trial (:mod:`dptune.platform.sweep.packs`) is written as one row per member, each with its own status and curve.
 That first step also tells a restored searcher which trials Ray Tune's snapshot holds, so it hands
-out again what it handed out before the kill and the snapshot lost (:func:`dptune.platform.sweep.searcher.reconcile_restored`).
+out again what it handed out before the kill and the snapshot lost (:meth:`SweepSearcher.reconcile
+<dptune.platform.sweep.searcher.SweepSearcher.reconcile>`): the callback holds the searcher, and Ray
+Tune pickles both in one experiment state, so the one it restores is the one the callback holds.
 """
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from ray import tune
 
@@ -19,11 +22,13 @@ from .kept import KEPT, config_id
 from ..store.layout import ExperimentPaths
 from .packs import ending, history_of, members
 from ..store.records import epoch_rows, gradnorm_rows, reported, trial_row
-from .searcher import reconcile_restored
 from ..store.results_store import ResultsStore, StoreWriteError, first_line, retrying
 from .trial_config import resolved
 from .trial_errors import error_line
 from .tune_adapter import checkpoint_state
+
+if TYPE_CHECKING:
+    from .searcher import SweepSearcher
 
 
 #: Merge the per-trial files whenever this many have accumulated: a query then reads at most this
@@ -36,8 +41,12 @@ class StoreCallback(tune.Callback):
     """Writes a trial's row, its per-epoch curve and its gradient-norm statistics when it ends,
     and merges the per-trial files every ``compact_every`` trials."""
 
-    def __init__(self, paths: ExperimentPaths, compact_every: int = COMPACT_EVERY) -> None:
+    def __init__(self, paths: ExperimentPaths, compact_every: int = COMPACT_EVERY,
+                 searcher: "SweepSearcher | None" = None) -> None:
         self.paths = paths
+        #: the sweep's searcher: pickled with this callback in Ray Tune's experiment state, it is the
+        #: very searcher Ray Tune restores on resume, told here which trials the snapshot holds
+        self.searcher = searcher
         self.compact_every = compact_every
         self._store: ResultsStore | None = None
         self._started = False
@@ -55,7 +64,8 @@ class StoreCallback(tune.Callback):
             return
         self._started = True
         if trials:  # a restored experiment: Ray Tune's snapshot is known now, before any suggestion
-            reconcile_restored(trials)
+            if self.searcher is not None:
+                self.searcher.reconcile(trials)
             self._record_missing(trials)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: "tune.experiment.Trial", **info) -> None:

@@ -21,7 +21,7 @@ from ..sweep.trial_config import train_config
 
 def stored_trial(paths: ExperimentPaths, trial_id: str) -> tuple[dict, int]:
     """(flat config, workers) of a trial in an experiment's store."""
-    from ..sweep.driver import _load_settings
+    from ..sweep.driver import load_settings
 
     trials = ResultsStore(paths.store).table("trials")
     rows = trials[trials.trial_id == trial_id]
@@ -29,7 +29,7 @@ def stored_trial(paths: ExperimentPaths, trial_id: str) -> tuple[dict, int]:
         raise NotFound(f"--trial: no trial {trial_id!r} in {paths.store}")
     config = json.loads(rows.config_json.iloc[0])
     try:
-        workers = _load_settings(paths).resources.workers_for(config)
+        workers = load_settings(paths).resources.workers_for(config)
     except UserError:
         workers = 1   # a store without the sweep's settings: one worker
     return config, workers

@@ -26,7 +26,8 @@ import torch
 
 from ...errors import UserError
 from ..hub import ResourceNotFound
-from .hf import TokenizedDataset, _read_article, _tokenizer, read_local
+from ..checkpoints import EMBEDDED_LM, load_tokenizer, lm_source
+from .hf import TokenizedDataset, read_article, read_local
 from .sources import bbc_root
 from .splits import DatasetSplits, Generations
 
@@ -41,8 +42,7 @@ MIN_PROMPT_TOKENS = 8
 def tokenizer_for(source: str | None):
     """The tokenizer at ``source`` (a directory, a ``.gguf`` file or a hub id; by default the embedded
     SmolLM2's), with a padding token (its end of sequence when it has none)."""
-    from ..models.causal_lm import EMBEDDED_DEFAULT, lm_source
-    tokenizer = _tokenizer(source or lm_source(EMBEDDED_DEFAULT))
+    tokenizer = load_tokenizer(source or lm_source(EMBEDDED_LM))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -105,7 +105,7 @@ def headline_pairs() -> tuple[list[str], list[str]]:
     prompts, headlines = [], []
     for cls in sorted(p for p in bbc_root().iterdir() if p.is_dir()):
         for path in sorted(cls.glob("*.txt")):
-            headline, _, body = _read_article(path).strip().partition("\n")
+            headline, _, body = read_article(path).strip().partition("\n")
             prompts.append(f"Article: {' '.join(body.split())}\nHeadline:")
             headlines.append(" " + headline.strip())
     return prompts, headlines

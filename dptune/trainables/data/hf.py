@@ -15,7 +15,6 @@ by class and seeded.
 """
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -27,7 +26,8 @@ from torch.utils.data import Dataset
 
 from ...errors import UserError
 from .sources import HF_SOURCES, HFSource, bbc_root, local_path
-from ..hub import ResourceNotFound, hub_access, pretrained_location, unavailable
+from ..checkpoints import EMBEDDED_TEXT, checkpoint_source, load_tokenizer
+from ..hub import ResourceNotFound, hub_access, unavailable
 from .splits import DatasetSplits
 
 if TYPE_CHECKING:
@@ -196,20 +196,6 @@ def image_splits(name: str, data: datasets.DatasetDict, *, seed: int, image_size
                          len(names), names, (3, image_size, image_size))
 
 
-@functools.lru_cache(maxsize=4)
-def _tokenizer(source: str) -> PreTrainedTokenizerBase:
-    """The (fast) tokenizer at ``source`` (a directory, a hub id, or a ``.gguf`` file: transformers
-    reads its vocabulary with the ``gguf`` package), loaded once per process."""
-    from transformers import AutoTokenizer
-
-    with hub_access():
-        try:
-            return AutoTokenizer.from_pretrained(**pretrained_location(source))
-        except OSError:
-            raise unavailable("tokenizer", source, source, "pass the model's local directory as weights=DIR "
-                                                          "(dptune train --weights DIR)") from None
-
-
 def tokenize(texts: Sequence[str], labels: np.ndarray, tokenizer: PreTrainedTokenizerBase,
              max_length: int) -> TokenizedDataset:
     """Tokenise ``texts`` once, truncated and padded to ``max_length``."""
@@ -222,11 +208,7 @@ def text_splits(name: str, texts: tuple[Sequence[str], Sequence[str]], labels: t
     """:class:`DatasetSplits` of tokenised text; ``tokenizer`` defaults to the embedded MiniLM's."""
     if max_length < 2:
         raise UserError(f"max_length must be >= 2; got {max_length}")
-    if tokenizer is None:
-        from ..models.text import checkpoint_source
-
-        tokenizer = checkpoint_source("all-MiniLM-L6-v2")
-    tok = _tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer or checkpoint_source(EMBEDDED_TEXT))
     return DatasetSplits(name, tokenize(texts[0], labels[0], tok, max_length),
                          tokenize(texts[1], labels[1], tok, max_length), len(class_names), class_names, (max_length,))
 
@@ -254,7 +236,7 @@ def load_text_set(name: str, *, seed: int = 0, data_dir: str | None = None, toke
                        max_length=max_length)
 
 
-def _read_article(path: Path) -> str:
+def read_article(path: Path) -> str:
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8")
@@ -271,7 +253,7 @@ def bbc_news(*, seed: int = 0, tokenizer: str | None = None, max_length: int = D
     texts, labels = [], []
     for label, cls in enumerate(classes):
         for path in sorted((root / cls).glob("*.txt")):
-            texts.append(_read_article(path))
+            texts.append(read_article(path))
             labels.append(label)
     labels = np.asarray(labels)
     tr, te = train_test_split(np.arange(len(labels)), test_size=test_size, stratify=labels, random_state=seed)

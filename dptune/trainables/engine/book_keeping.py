@@ -43,7 +43,7 @@ from ...errors import UserError
 from .batching import Inputs, batch_len, model_outputs
 from .composite_rule import COMPOSITE, detached
 from .replay_rule import REPLAYED
-from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext, Rule, _materialised_rule
+from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext, Rule, materialised_rule
 from .norm_estimators import RANDOMISED_WEIGHT_NORMS
 from .packed_rules import PACKED_FORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
@@ -318,7 +318,7 @@ class BookKeepingEngine:
         layers = [({"weight": q}, tied_embedding_head(uses, self.params[q], self._batch_size))
                   for q, uses in self._tied_uses.items()]
         if self._tied:
-            layers.append(({q: q for q in self._tied}, _materialised_rule(self._tied, "tied", 0)))
+            layers.append(({q: q for q in self._tied}, materialised_rule(self._tied, "tied", 0)))
         return layers
 
     def _reduce(self, entry: _Planned) -> None:

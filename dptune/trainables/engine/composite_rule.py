@@ -31,7 +31,7 @@ from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ...errors import UserError
-from .layer_rules import Call, Rule, _materialised_rule, _nbytes
+from .layer_rules import Call, Rule, materialised_rule, tensor_bytes
 from .precision import Precision
 from .recurrent import rnn_forward
 
@@ -80,9 +80,9 @@ class Composite(Rule):
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         grads = self.per_example(module, calls, names, batch_size, ctx.precision)
-        kept = sum(_nbytes(*[a for a in tree_flatten(c.args)[0] if isinstance(a, torch.Tensor)], *filled(c))
+        kept = sum(tensor_bytes(*[a for a in tree_flatten(c.args)[0] if isinstance(a, torch.Tensor)], *filled(c))
                    for c in calls)
-        return _materialised_rule(grads, f"per-example vmap ({type(module).__name__})", kept)
+        return materialised_rule(grads, f"per-example vmap ({type(module).__name__})", kept)
 
     def per_example(self, module: nn.Module, calls: Sequence[Call], names: Sequence[str],
                     batch_size: int, precision: Precision = Precision()) -> dict[str, torch.Tensor]:

@@ -119,7 +119,7 @@ class LayerGrads:
     kept_bytes: int
 
 
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
     """At least float32 (per-sample norms in half precision lose the small examples)."""
     return torch.promote_types(t.dtype, torch.float32)
 
@@ -159,25 +159,25 @@ def unfold_patches(x: torch.Tensor, conv: nn.Module) -> torch.Tensor:
     return patches.permute(0, 1, 4, 5, 2, 3).reshape(b, C * kh * kw, oh * ow)
 
 
-def _nbytes(*tensors: torch.Tensor | None) -> int:
+def tensor_bytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _own_forward(module: nn.Module, *bases: type) -> bool:
+def own_forward(module: nn.Module, *bases: type) -> bool:
     """``module`` is one of ``bases`` and runs one of their forwards (so its algebra is known)."""
     return any(isinstance(module, b) and type(module).forward is b.forward for b in bases)
 
 
-def _materialised_rule(per_sample: dict[str, torch.Tensor], form: str, kept: int) -> LayerGrads:
+def materialised_rule(per_sample: dict[str, torch.Tensor], form: str, kept: int) -> LayerGrads:
     """A LayerGrads from per-sample gradients {name: [b, *shape]}."""
     first = next(iter(per_sample.values()))
-    dtype = _compute_dtype(first)
+    dtype = compute_dtype(first)
     sq = sum(torch.linalg.vector_norm(g.flatten(1), dim=1, dtype=dtype).square() for g in per_sample.values())  # [b]
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         return {n: scaled_sum(c, g) for n, g in per_sample.items()}
 
-    return LayerGrads(sq, clipped, form, kept + _nbytes(*per_sample.values()))
+    return LayerGrads(sq, clipped, form, kept + tensor_bytes(*per_sample.values()))
 
 
 class Rule(ABC):
@@ -226,11 +226,11 @@ class LinearLike(Rule):
         return loaded_class("transformers.pytorch_utils", "Conv1D")
 
     def handles(self, module: nn.Module) -> bool:
-        if _own_forward(module, nn.Linear):
+        if own_forward(module, nn.Linear):
             return True
-        if self.conv1d is not None and _own_forward(module, self.conv1d):
+        if self.conv1d is not None and own_forward(module, self.conv1d):
             return True
-        return (_own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
+        return (own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
                 and not isinstance(module.padding, str))
 
     def _inputs_and_grads(self, module: nn.Module, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,7 +262,7 @@ class LinearLike(Rule):
             return out
 
         return LayerGrads(sq, clipped, weight.form if weight is not None else "bias only",
-                          _nbytes(A, G, bias) + (weight.kept_bytes if weight is not None else 0))
+                          tensor_bytes(A, G, bias) + (weight.kept_bytes if weight is not None else 0))
 
 
 @dataclass
@@ -280,7 +280,7 @@ class WeightGrads:
 
     @property
     def kept_bytes(self) -> int:
-        return _nbytes(self.M)
+        return tensor_bytes(self.M)
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
         if self.M is not None:
@@ -299,7 +299,7 @@ def weight_and_bias(A: torch.Tensor, G: torch.Tensor, names: Sequence[str], ctx:
     (if "bias" is), and their squared norms summed [b]."""
     weight = linear_weight_grads(A, G, ctx, module) if "weight" in names else None
     bias = G.sum(dim=1) if "bias" in names else None  # [b, p] per-sample bias gradients
-    sq = torch.zeros(A.shape[0], device=G.device, dtype=_compute_dtype(G))
+    sq = torch.zeros(A.shape[0], device=G.device, dtype=compute_dtype(G))
     if weight is not None:
         sq = sq + weight.sq
     if bias is not None:
@@ -322,7 +322,7 @@ def exact_weight_grads(A: torch.Tensor, G: torch.Tensor) -> WeightGrads:
     """``linear_weight_grads`` with exact norms: ghost or materialised, the cheaper from the shapes."""
     b, T, d = A.shape
     p = G.shape[2]
-    dtype = _compute_dtype(G)
+    dtype = compute_dtype(G)
     if T == 1:
         return WeightGrads(A, G, A.to(dtype).pow(2).sum(dim=(1, 2)) * G.to(dtype).pow(2).sum(dim=(1, 2)),
                            "ghost (T = 1)")
@@ -350,7 +350,7 @@ class Conv2d(Rule):
         self.fallback = fallback
 
     def handles(self, module: nn.Module) -> bool:
-        return (_own_forward(module, nn.Conv2d) and module.padding_mode == "zeros"
+        return (own_forward(module, nn.Conv2d) and module.padding_mode == "zeros"
                 and not isinstance(module.padding, str))
 
     def _weight_grad(self, module: nn.Module, x: torch.Tensor, g: torch.Tensor, groups: int,
@@ -376,7 +376,7 @@ class Conv2d(Rule):
         A = torch.cat([unfold_patches(c.args[0], module)
                        for c in calls], dim=2)  # [b, d, L]
         G = torch.cat([c.grad.flatten(2) for c in calls], dim=2)  # [b, p, L]
-        dtype = _compute_dtype(G)
+        dtype = compute_dtype(G)
         A, G = A.to(dtype), G.to(dtype)
         return (torch.bmm(A.transpose(1, 2), A) * torch.bmm(G.transpose(1, 2), G)).sum(dim=(1, 2))
 
@@ -392,7 +392,7 @@ class Conv2d(Rule):
             per_sample = {"bias": bias} if bias is not None else {}
             if "weight" in names:
                 per_sample["weight"] = sum(self._per_sample_weight(module, c) for c in calls)
-            return _materialised_rule(per_sample, "materialised (grouped conv)", 0)
+            return materialised_rule(per_sample, "materialised (grouped conv)", 0)
         sq = self._ghost_sq_norms(module, calls)
         if bias is not None:
             sq = sq + bias.to(sq.dtype).pow(2).sum(dim=1)
@@ -405,7 +405,7 @@ class Conv2d(Rule):
             return out
 
         return LayerGrads(sq, clipped, "ghost (unfolded grams, native weight gradient)",
-                          _nbytes(bias) + sum(_nbytes(c.grad) for c in calls))
+                          tensor_bytes(bias) + sum(tensor_bytes(c.grad) for c in calls))
 
 
 class Embedding(Rule):
@@ -414,7 +414,7 @@ class Embedding(Rule):
     name = "embedding"
 
     def handles(self, module: nn.Module) -> bool:
-        return _own_forward(module, nn.Embedding) and not module.scale_grad_by_freq and not module.sparse
+        return own_forward(module, nn.Embedding) and not module.scale_grad_by_freq and not module.sparse
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         ids, G, keep = embedding_uses(module, calls, batch_size)
@@ -423,7 +423,7 @@ class Embedding(Rule):
         def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
             return {"weight": embedding_clipped(ids, G, keep, c, module.weight)}
 
-        return LayerGrads(sq, clipped, "rows per example", _nbytes(ids, G, rows))
+        return LayerGrads(sq, clipped, "rows per example", tensor_bytes(ids, G, rows))
 
 
 def embedding_uses(module: nn.Embedding, calls: Sequence[Call], batch_size: int) -> tuple[torch.Tensor, ...]:
@@ -443,7 +443,7 @@ def embedding_sq_norms(ids: torch.Tensor, G: torch.Tensor, keep: torch.Tensor,
     example = torch.arange(b, device=ids.device)[:, None].expand_as(ids)  # [b, S]
     keys = (example * vocabulary + ids)[keep]  # [n] one key per (example, token id)
     unique, slot = torch.unique(keys, return_inverse=True)
-    dtype = _compute_dtype(G)
+    dtype = compute_dtype(G)
     rows = torch.zeros(len(unique), G.shape[-1], device=G.device, dtype=dtype)
     rows.index_add_(0, slot, G[keep].to(dtype))
     sq = torch.zeros(b, device=G.device, dtype=dtype)
@@ -465,7 +465,7 @@ def loaded_class(module: str, name: str) -> type | None:
     return getattr(sys.modules.get(module), name, None)
 
 
-def _layer_norm_types() -> tuple[type, ...]:
+def layer_norm_types() -> tuple[type, ...]:
     """nn.LayerNorm and library subclasses with the same algebra (timm's LayerNorm, when loaded)."""
     timm_layer_norm = loaded_class("timm.layers.norm", "LayerNorm")
     return (nn.LayerNorm,) if timm_layer_norm is None else (nn.LayerNorm, timm_layer_norm)
@@ -494,7 +494,7 @@ class Normalisation(Rule):
     name = "normalisation"
 
     def handles(self, module: nn.Module) -> bool:
-        return _own_forward(module, *_layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or _llama_rms_norm(module)
+        return own_forward(module, *layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or _llama_rms_norm(module)
 
     def _normalised(self, module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
         """(x̂, the dims summed for a per-sample gradient) of one call."""
@@ -524,7 +524,7 @@ class Normalisation(Rule):
                      "bias": G.sum(dim=keep_batch) if keep_batch else G}
             for n in names:
                 grads[n] = grads[n] + parts[n] if n in grads else parts[n]
-        return _materialised_rule(grads, "closed form", 0)
+        return materialised_rule(grads, "closed form", 0)
 
 
 class Broadcast(Rule):
@@ -551,7 +551,7 @@ class Broadcast(Rule):
         grads = {}
         for call in calls:  # one call per parameter: args = (its name,)
             grads[call.args[0]] = call.grad.unsqueeze(1)  # [b, 1, *shape[1:]]
-        return _materialised_rule({n: grads[n] for n in names if n in grads}, "per-example expansion", 0)
+        return materialised_rule({n: grads[n] for n in names if n in grads}, "per-example expansion", 0)
 
 
 #: The closed forms, in the order they are tried (``composite_rule.COMPOSITE`` covers every other module).

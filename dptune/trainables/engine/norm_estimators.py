@@ -21,7 +21,7 @@ import math
 import torch
 
 
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """At least float32 (norm estimates in half precision lose the small examples)."""
     dtype = torch.float32
     for t in tensors:
@@ -38,7 +38,7 @@ def _gaussian(rows: int, cols: int, like: torch.Tensor, dtype: torch.dtype,
 
 def gram_sq_norms(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     """Exact ‖A_iᵀG_i‖²_F in the ghost form ⟨A_iA_iᵀ, G_iG_iᵀ⟩: O(BT²) memory."""
-    dtype = _compute_dtype(A, G)
+    dtype = compute_dtype(A, G)
     gram_a = A.to(dtype) @ A.to(dtype).transpose(1, 2)  # [B, T, T]
     gram_g = G.to(dtype) @ G.to(dtype).transpose(1, 2)  # [B, T, T]
     return (gram_a * gram_g).sum(dim=(1, 2))
@@ -46,7 +46,7 @@ def gram_sq_norms(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
 
 def materialised_sq_norms(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     """Exact ‖A_iᵀG_i‖²_F from the per-sample gradients themselves: O(Bdp) memory."""
-    dtype = _compute_dtype(A, G)
+    dtype = compute_dtype(A, G)
     M = A.to(dtype).transpose(1, 2) @ G.to(dtype)  # [B, d, p] per-sample weight gradients
     return torch.linalg.vector_norm(M, dim=(1, 2)).pow(2)
 
@@ -63,7 +63,7 @@ def hutchinson_sq_norms(A: torch.Tensor, G: torch.Tensor, k: int,
 
     Unbiased (E[PPᵀ] = I); relative variance ≤ 2/k. One P per call, shared by the batch.
     """
-    dtype = _compute_dtype(A, G)
+    dtype = compute_dtype(A, G)
     P = _gaussian(G.shape[2], k, G, dtype, generator) / math.sqrt(k)  # [p, k]
     GP = G.to(dtype) @ P  # [B, T, k]
     return (A.to(dtype).transpose(1, 2) @ GP).pow(2).sum(dim=(1, 2))  # [B, d, k] → [B]
@@ -76,7 +76,7 @@ def hutchpp_sq_norms(A: torch.Tensor, G: torch.Tensor, k: int,
 
     Unbiased; exact when rank(M_i) ≤ k (and always when p ≤ k).
     """
-    dtype = _compute_dtype(A, G)
+    dtype = compute_dtype(A, G)
     A, G = A.to(dtype), G.to(dtype)
     S = _gaussian(G.shape[2], k, G, dtype, generator)  # [p, k]
     P = _gaussian(G.shape[2], k, G, dtype, generator)  # [p, k]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import UserError
-from .layer_rules import _layer_norm_types, _own_forward
+from .layer_rules import layer_norm_types, own_forward
 
 
 def _stack(modules: Sequence[nn.Module], name: str) -> nn.Parameter | None:
@@ -32,7 +32,7 @@ def _stack(modules: Sequence[nn.Module], name: str) -> nn.Parameter | None:
     return nn.Parameter(torch.stack([t.detach().clone() for t in tensors]), requires_grad=tensors[0].requires_grad)
 
 
-def _by_member(x: torch.Tensor, members: int) -> torch.Tensor:
+def by_member(x: torch.Tensor, members: int) -> torch.Tensor:
     """[K·b, *rest] → [K, b, *rest] (a view)."""
     return x.reshape(members, x.shape[0] // members, *x.shape[1:])
 
@@ -106,7 +106,7 @@ class PackedNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         K = self.members
-        xhat = _by_member(self.normalised(x), K)   # [K, b, ...]
+        xhat = by_member(self.normalised(x), K)   # [K, b, ...]
         shape = (K, *self.affine_shape(x))
         y = xhat * self.weight.reshape(shape) if self.weight is not None else xhat
         if self.bias is not None:
@@ -129,7 +129,7 @@ class PackedEmbedding(nn.Module):
         """Member k's ids shifted into its block of the K·V-row table."""
         K = self.members
         offsets = torch.arange(K, device=ids.device).reshape(K, *(1,) * ids.dim()) * self.num_embeddings
-        return (_by_member(ids, K) + offsets).reshape(ids.shape)
+        return (by_member(ids, K) + offsets).reshape(ids.shape)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = F.embedding(self.offset_ids(ids), self.weight.reshape(-1, self.embedding_dim))
@@ -143,14 +143,14 @@ PACKED = (PackedLinear, PackedConv2d, PackedNorm, PackedEmbedding)
 
 def _packed_form(module: nn.Module) -> type | None:
     """The packed class for a module whose algebra it repeats exactly, or None."""
-    if _own_forward(module, nn.Linear):
+    if own_forward(module, nn.Linear):
         return PackedLinear
-    if _own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros" \
+    if own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros" \
             and not isinstance(module.padding, str):
         return PackedConv2d
-    if _own_forward(module, *_layer_norm_types()) or _own_forward(module, nn.GroupNorm):
+    if own_forward(module, *layer_norm_types()) or own_forward(module, nn.GroupNorm):
         return PackedNorm
-    if _own_forward(module, nn.Embedding) and module.max_norm is None and not module.scale_grad_by_freq \
+    if own_forward(module, nn.Embedding) and module.max_norm is None and not module.scale_grad_by_freq \
             and not module.sparse:
         return PackedEmbedding
     return None

@@ -13,28 +13,28 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .layer_rules import (Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, _compute_dtype, _nbytes,
+from .layer_rules import (Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, compute_dtype, tensor_bytes,
                           embedding_clipped, embedding_sq_norms, prefer_ghost, scaled_rows, unfold_patches,
                           weight_and_bias, wide)
-from .packed_layers import PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, _by_member
+from .packed_layers import PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, by_member
 
 
 def per_member(c: torch.Tensor, per_sample: torch.Tensor, members: int) -> torch.Tensor:
     """Σ_i c_ki g_ki for each member k: [K·b] factors and [K·b, *shape] gradients → [K, *shape], in
     at least float32."""
     c, per_sample = wide(c, per_sample)
-    return torch.einsum("kb,kb...->k...", _by_member(c, members), _by_member(per_sample, members))
+    return torch.einsum("kb,kb...->k...", by_member(c, members), by_member(per_sample, members))
 
 
 def _materialised(per_sample: dict[str, torch.Tensor], members: int, form: str, kept: int = 0) -> LayerGrads:
     """A LayerGrads from per-row gradients {name: [K·b, *shape]}, summed per member."""
-    dtype = _compute_dtype(next(iter(per_sample.values())))
+    dtype = compute_dtype(next(iter(per_sample.values())))
     sq = sum(torch.linalg.vector_norm(g.flatten(1), dim=1, dtype=dtype).square() for g in per_sample.values())
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         return {n: per_member(c, g, members) for n, g in per_sample.items()}
 
-    return LayerGrads(sq, clipped, form, kept + _nbytes(*per_sample.values()))
+    return LayerGrads(sq, clipped, form, kept + tensor_bytes(*per_sample.values()))
 
 
 def _packed_weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor, names: Sequence[str], ctx: NormContext,
@@ -59,7 +59,7 @@ def _packed_weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor,
         return out
 
     return LayerGrads(sq, clipped, (weight.form if weight is not None else "bias only") + f", {form}",
-                      _nbytes(A, G, bias) + (weight.kept_bytes if weight is not None else 0))
+                      tensor_bytes(A, G, bias) + (weight.kept_bytes if weight is not None else 0))
 
 
 class PackedLinearRule(Rule):
@@ -112,7 +112,7 @@ class PackedConv2dRule(Rule):
                 out["bias"] = per_member(c, bias, K)
             return out
 
-        return LayerGrads(sq, clipped, "ghost (unfolded grams), packed", _nbytes(bias) + sum(_nbytes(c.grad) for c in calls))
+        return LayerGrads(sq, clipped, "ghost (unfolded grams), packed", tensor_bytes(bias) + sum(tensor_bytes(c.grad) for c in calls))
 
     def _per_row_weight(self, module: PackedConv2d, call: Call) -> torch.Tensor:
         """[K·b, p, C, kh, kw]: each row's weight gradient, the rows folded into groups."""
@@ -177,7 +177,7 @@ class PackedEmbeddingRule(Rule):
         def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
             return {"weight": embedding_clipped(ids, G, keep, c, table).reshape(module.weight.shape)}
 
-        return LayerGrads(sq, clipped, "rows per example, packed", _nbytes(ids, G, rows))
+        return LayerGrads(sq, clipped, "rows per example, packed", tensor_bytes(ids, G, rows))
 
 
 #: The packed layers' rules (``book_keeping`` tries them before the unpacked closed forms).

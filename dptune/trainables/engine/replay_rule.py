@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from ...errors import UserError
 from .composite_rule import COMPOSITE, Composite, filled
-from .layer_rules import Call, LayerGrads, NormContext, _compute_dtype, _nbytes, linear_weight_grads, scaled_sum
+from .layer_rules import Call, LayerGrads, NormContext, compute_dtype, tensor_bytes, linear_weight_grads, scaled_sum
 from .recurrent import rnn_forward
 
 #: A tapped block: (parameter name, first row, end row) — rows None: the whole parameter.
@@ -126,7 +126,7 @@ def _combine(module: nn.Module, uses: list, names: Sequence[str], ctx: NormConte
                for block, pairs in by_weight.items()}
     biases = {block: sum(parts) for block, parts in by_bias.items()}
     first = next(iter(weights.values())).G if weights else next(iter(biases.values()))
-    sq = torch.zeros(first.shape[0], device=first.device, dtype=_compute_dtype(first))
+    sq = torch.zeros(first.shape[0], device=first.device, dtype=compute_dtype(first))
     for w in weights.values():
         sq = sq + w.sq
     for b in biases.values():
@@ -134,14 +134,14 @@ def _combine(module: nn.Module, uses: list, names: Sequence[str], ctx: NormConte
     params = dict(module.named_parameters())
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = {n: torch.zeros_like(params[n], dtype=_compute_dtype(params[n])) for n in names}
+        out = {n: torch.zeros_like(params[n], dtype=compute_dtype(params[n])) for n in names}
         for (name, start, stop), w in weights.items():
             out[name][slice(start, stop)] += w.clipped(c).t()
         for (name, start, stop), b in biases.items():
             out[name][slice(start, stop)] += scaled_sum(c, b)
         return out
 
-    kept = sum(w.kept_bytes + _nbytes(w.A, w.G) for w in weights.values()) + _nbytes(*biases.values())
+    kept = sum(w.kept_bytes + tensor_bytes(w.A, w.G) for w in weights.values()) + tensor_bytes(*biases.values())
     forms = sorted({w.form for w in weights.values()}) or ["bias only"]
     return LayerGrads(sq, clipped, f"{', '.join(forms)} per linear map", kept)
 

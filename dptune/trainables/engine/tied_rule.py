@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .layer_rules import (Call, LayerGrads, _compute_dtype, _nbytes, embedding_clipped, embedding_sq_norms,
+from .layer_rules import (Call, LayerGrads, compute_dtype, tensor_bytes, embedding_clipped, embedding_sq_norms,
                           embedding_uses, exact_weight_grads)
 
 
@@ -46,7 +46,7 @@ def tied_embedding_head(uses: Sequence[tuple[nn.Module, Sequence[Call]]], weight
         else:
             A += [c.args[0].reshape(batch_size, -1, c.args[0].shape[-1]) for c in calls]
             Gl += [c.grad.reshape(batch_size, -1, c.grad.shape[-1]) for c in calls]
-    dtype = _compute_dtype(weight)
+    dtype = compute_dtype(weight)
     sq = torch.zeros(batch_size, device=weight.device, dtype=dtype)
     head = embedded = None
     forms, kept = [], 0
@@ -55,19 +55,19 @@ def tied_embedding_head(uses: Sequence[tuple[nn.Module, Sequence[Call]]], weight
         head = exact_weight_grads(A, Gl)
         sq = sq + head.sq.to(dtype)
         forms.append(head.form)
-        kept += _nbytes(A, Gl) + head.kept_bytes
+        kept += tensor_bytes(A, Gl) + head.kept_bytes
     if ids:
         ids, Ge, keep = (torch.cat(t, dim=1) for t in (ids, Ge, keep))  # [b, S], [b, S, e], [b, S]
         embedded, rows = embedding_sq_norms(ids, Ge, keep, weight.shape[0])
         sq = sq + embedded.to(dtype)
         forms.append("rows per example")
-        kept += _nbytes(Ge, rows)
+        kept += tensor_bytes(Ge, rows)
     if head is not None and embedded is not None:
         at_ids = torch.gather(Gl, 2, ids[:, None, :].expand(-1, Gl.shape[1], -1)).to(dtype)  # [b, T, S] δ_t[id_s]
         inner = torch.bmm(A.to(dtype), (Ge * keep[..., None]).to(dtype).transpose(1, 2))  # [b, T, S] h_t · g_s
         sq = sq + 2 * (at_ids * inner).sum(dim=(1, 2))
         forms.append("cross term")
-        kept += _nbytes(at_ids, inner)
+        kept += tensor_bytes(at_ids, inner)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         total = torch.zeros_like(weight, dtype=dtype)

