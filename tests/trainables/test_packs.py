@@ -45,6 +45,19 @@ class NormMLP(nn.Module):
         return self.fc2(torch.tanh(self.group(h)))
 
 
+class RMSMLP(nn.Module):
+    """Linear layers with torch's RMSNorm between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(12, 8)
+        self.norm = nn.RMSNorm(8, eps=1e-6)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.norm(self.fc1(x))))
+
+
 class Bag(nn.Module):
     """An embedding (with a padding row) and one linear layer called twice."""
 
@@ -65,12 +78,14 @@ def case(name: str, seed: int):
     if name == "cnn":
         return create_model("cnn", num_classes=3, input_shape=(1, 8, 8), width=4).double(), \
             torch.randn(6, 1, 8, 8, dtype=torch.float64), y
-    if name == "norm_mlp":
-        return NormMLP().double(), torch.randn(6, 12, dtype=torch.float64), y
+    if name in ("norm_mlp", "rms_mlp"):
+        return (NormMLP if name == "norm_mlp" else RMSMLP)().double(), torch.randn(6, 12, dtype=torch.float64), y
     if name == "bag":
         ids = torch.randint(0, 20, (6, 5))
         ids[1, 3:] = 0
         return Bag().double(), ids, y
+    if name == "qwen2_full":   # a causal LM fine-tuned in full: Qwen2's RMSNorm, q/k/v biases, untied embeddings
+        return (small_lm("qwen2", "full"), *lm_batch(seed))
     if name == "llama_lora":   # a causal LM: token targets [b, T], a tied (frozen) embedding
         model = small_lm("llama", "lora")
         with torch.no_grad():
@@ -91,11 +106,13 @@ SETTINGS = [(0.05, 1.0), (0.3, 0.5), (5.0, 2.0)]   # (C, σ) per member: mostly 
 
 
 @pytest.mark.parametrize("estimator", ["exact", "hutchinson"])
-@pytest.mark.parametrize("name", ["cnn", "norm_mlp", "bag", "minilm_lora", "llama_lora"])
+@pytest.mark.parametrize("name", ["cnn", "norm_mlp", "rms_mlp", "bag", "minilm_lora", "llama_lora", "qwen2_full"])
 def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
     """Members with different weights, C and σ: per-sample norms and ĝ_k (same noise and probe
     streams) equal those of DPEngine on each member's own model, over two steps."""
-    models = [case(name, seed=k)[0] for k in range(len(SETTINGS))]
+    # a full fine-tune's norms are larger: its never-clipped member needs a larger C
+    settings = SETTINGS if name != "qwen2_full" else [(0.05, 1.0), (0.3, 0.5), (1e3, 2.0)]
+    models = [case(name, seed=k)[0] for k in range(len(settings))]
     with torch.no_grad():   # the members of a pack share what is frozen (a pretrained backbone)
         for model in models[1:]:
             for p, q in zip(model.parameters(), models[0].parameters()):
@@ -103,15 +120,15 @@ def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
                     p.copy_(q)
     x, y = case(name, seed=0)[1:]
     sketch = 4 if estimator == "hutchinson" else None
-    loss = completion_nll if name == "llama_lora" else LOSS
+    loss = completion_nll if name in ("llama_lora", "qwen2_full") else LOSS
     packed = pack_models(models)
-    engine = PackedDPEngine(packed, loss, members=len(models), clip_bounds=[c for c, _ in SETTINGS],
-                            noise_multipliers=[s for _, s in SETTINGS], expected_batch_size=4.0,
+    engine = PackedDPEngine(packed, loss, members=len(models), clip_bounds=[c for c, _ in settings],
+                            noise_multipliers=[s for _, s in settings], expected_batch_size=4.0,
                             norm_estimator=estimator, sketch_k=sketch, noise=SeededStream(7, "noise", CPU),
                             probes=SeededStream(7, "probes", CPU), max_physical_batch_size=len(models) * 4)
     alone = [DPEngine(m, loss, clip_bound=c, noise_multiplier=s, expected_batch_size=4.0, norm_estimator=estimator,
                       sketch_k=sketch, generator=SeededStream(7, "noise", CPU), probes=SeededStream(7, "probes", CPU))
-             for m, (c, s) in zip(models, SETTINGS)]
+             for m, (c, s) in zip(models, settings)]
     for _ in range(2):
         stats = engine.private_gradient(x, y)
         for k, (model, single) in enumerate(zip(models, alone)):

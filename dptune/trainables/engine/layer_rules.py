@@ -479,7 +479,7 @@ LLAMA_RMS_NORMS = {f"transformers.models.{family}.modeling_{family}": f"{cls}RMS
     ("smollm3", "SmolLM3"))}
 
 
-def _llama_rms_norm(module: nn.Module) -> bool:
+def llama_rms_norm(module: nn.Module) -> bool:
     """``module`` is one of ``LLAMA_RMS_NORMS`` running its class's forward (not a hub kernel's)."""
     kind = type(module)
     return (LLAMA_RMS_NORMS.get(kind.__module__) == kind.__name__ and "forward" not in vars(module)
@@ -494,11 +494,11 @@ class Normalisation(Rule):
     name = "normalisation"
 
     def handles(self, module: nn.Module) -> bool:
-        return own_forward(module, *layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or _llama_rms_norm(module)
+        return own_forward(module, *layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or llama_rms_norm(module)
 
     def _normalised(self, module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
         """(x̂, the dims summed for a per-sample gradient) of one call."""
-        if _llama_rms_norm(module):
+        if llama_rms_norm(module):
             xf = x.to(torch.float32)  # the same operations as the forward, so the same rounding
             xhat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)).to(x.dtype)
             return xhat, tuple(range(x.dim() - 1))

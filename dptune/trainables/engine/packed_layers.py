@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import UserError
-from .layer_rules import layer_norm_types, own_forward
+from .layer_rules import layer_norm_types, llama_rms_norm, own_forward
 
 
 def _stack(modules: Sequence[nn.Module], name: str) -> nn.Parameter | None:
@@ -78,24 +78,33 @@ class PackedConv2d(nn.Module):
 
 
 class PackedNorm(nn.Module):
-    """K LayerNorm or GroupNorm layers: one normalisation of all rows, then member k's affine
-    (weight and bias [K, *shape])."""
+    """K LayerNorm, GroupNorm or RMSNorm layers (torch's, or the Llama family's: x / rms(x) in float32,
+    cast back to x's dtype): one normalisation of all rows, then member k's affine (weight and bias
+    [K, *shape])."""
 
     def __init__(self, layers: Sequence[nn.Module]) -> None:
         super().__init__()
         first = layers[0]
         self.members = len(layers)
-        self.eps = first.eps
-        self.group = isinstance(first, nn.GroupNorm)
+        self.kind = ("group" if isinstance(first, nn.GroupNorm) else "llama_rms" if llama_rms_norm(first)
+                     else "rms" if isinstance(first, nn.RMSNorm) else "layer")
+        self.group = self.kind == "group"
+        self.eps = first.variance_epsilon if self.kind == "llama_rms" else first.eps
         self.num_groups = first.num_groups if self.group else None
-        self.normalized_shape = None if self.group else tuple(first.normalized_shape)
+        self.normalized_shape = (None if self.group else tuple(first.weight.shape) if self.kind == "llama_rms"
+                                 else tuple(first.normalized_shape))
         self.weight = _stack(layers, "weight")
-        self.bias = _stack(layers, "bias")
+        self.bias = _stack(layers, "bias") if hasattr(first, "bias") else None
 
     def normalised(self, x: torch.Tensor) -> torch.Tensor:
-        """x̂: the normalised input, before the affine."""
+        """x̂: the normalised input, before the affine (the same operations as the unpacked forward)."""
         if self.group:
             return F.group_norm(x, self.num_groups, None, None, self.eps)
+        if self.kind == "llama_rms":
+            xf = x.to(torch.float32)
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        if self.kind == "rms":
+            return F.rms_norm(x, self.normalized_shape, None, self.eps)
         return F.layer_norm(x, self.normalized_shape, None, None, self.eps)
 
     def affine_shape(self, x: torch.Tensor) -> tuple[int, ...]:
@@ -148,7 +157,7 @@ def _packed_form(module: nn.Module) -> type | None:
     if own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros" \
             and not isinstance(module.padding, str):
         return PackedConv2d
-    if own_forward(module, *layer_norm_types()) or own_forward(module, nn.GroupNorm):
+    if own_forward(module, *layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or llama_rms_norm(module):
         return PackedNorm
     if own_forward(module, nn.Embedding) and module.max_norm is None and not module.scale_grad_by_freq \
             and not module.sparse:
