@@ -22,6 +22,11 @@ default sweep (digits, cnn, B, ε, E; one seed) trained apart by ``Trainer`` and
 ``PackTrainer``, in the same process (data loaded once, no Ray): configurations × epochs per second,
 and each configuration's final test accuracy both ways.
 
+Language models (``--cases qwen2_full smollm2_lora``; per-example completion NLL on a fixed batch of
+B = 8 sequences of 64 tokens, as bench_lm_step builds it): a random Qwen2 (hidden 256, 4 layers;
+RMSNorm, untied embeddings) fine-tuned in full, and SmolLM2-135M + LoRA (its frozen base shared by the
+K·B rows).
+
 Run: python benchmarks/bench_pack.py [--cases cnn wrn16_4 vit_tiny_film] [--members 1 4 16]
                                      [--device cuda] [--processes] [--rounds 5] [--steps 5]
      python benchmarks/bench_pack.py --cell [--batch 32] [--epochs 1] [--epsilon 8]
@@ -38,7 +43,7 @@ import warnings
 import torch
 from torch import nn
 
-from common import CASES, DEFAULT_DEVICE, build_case
+from common import CASES, DEFAULT_DEVICE, Case, build_case
 from dptune.trainables import DPEngine
 from dptune.trainables.engine.batching import model_outputs
 from dptune.trainables.engine.packed_layers import pack_models
@@ -46,6 +51,31 @@ from dptune.trainables.engine.packed_step import PackedDPEngine, PackedOptimizer
 
 warnings.filterwarnings("ignore")
 LOSS = nn.CrossEntropyLoss(reduction="none")
+
+
+#: Causal LM cases: (label, create_model options) of a generation model on bench_lm_step's batch.
+LM_CASES = {
+    "qwen2_full": ("random Qwen2 (hidden 256, 4 layers, RMSNorm, untied) full fine-tune",
+                   dict(name="hf:qwen2", weights="random", peft="full", vocab_size=4096, hidden_size=256,
+                        intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        tie_word_embeddings=False, max_position_embeddings=128)),
+    "smollm2_lora": ("SmolLM2-135M + LoRA", dict(name="smollm2-135m", peft="lora")),
+}
+
+
+def lm_case(name: str, device: str, batch: int = 8, tokens: int = 64) -> tuple[Case, object]:
+    """A causal LM case and its loss (the per-example completion NLL)."""
+    from bench_lm_step import batch as lm_batch
+    from dptune.trainables.models.catalog import create_model
+    from dptune.trainables.tasks import completion_nll
+
+    label, options = LM_CASES[name]
+    torch.manual_seed(0)
+    options = dict(options)
+    model = create_model(options.pop("name"), num_classes=0, input_shape=(tokens,), task="generation",
+                         **options).to(device)
+    x, y = lm_batch(model, batch, tokens)
+    return Case(f"{label}, T={tokens}", model, x, y), completion_nll
 
 
 def settings(k: int) -> tuple[float, float, float]:
@@ -58,9 +88,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def separate_step(model: nn.Module, inputs, targets, k: int):
+def separate_step(model: nn.Module, inputs, targets, k: int, loss=LOSS):
     clip, sigma, lr = settings(k)
-    engine = DPEngine(model, LOSS, clip_bound=clip, noise_multiplier=sigma, expected_batch_size=len(targets))
+    engine = DPEngine(model, loss, clip_bound=clip, noise_multiplier=sigma, expected_batch_size=len(targets))
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
 
     def step() -> None:
@@ -70,10 +100,10 @@ def separate_step(model: nn.Module, inputs, targets, k: int):
     return step
 
 
-def pack_step(model: nn.Module, inputs, targets, members: int):
+def pack_step(model: nn.Module, inputs, targets, members: int, loss=LOSS):
     packed = pack_models([model] * members)
     clips, sigmas, lrs = zip(*(settings(k) for k in range(members)))
-    engine = PackedDPEngine(packed, LOSS, members=members, clip_bounds=clips, noise_multipliers=sigmas,
+    engine = PackedDPEngine(packed, loss, members=members, clip_bounds=clips, noise_multipliers=sigmas,
                             expected_batch_size=len(targets))
     opt = PackedOptimizer(torch.optim.SGD([p for p in packed.parameters() if p.requires_grad], lr=1.0), lrs,
                           engine.active)
@@ -85,12 +115,12 @@ def pack_step(model: nn.Module, inputs, targets, members: int):
     return step
 
 
-def nonprivate_step(model: nn.Module, inputs, targets):
+def nonprivate_step(model: nn.Module, inputs, targets, loss=LOSS):
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model_outputs(model, inputs), targets).backward()
+        loss(model_outputs(model, inputs), targets).mean().backward()
         opt.step()
     return step
 
@@ -165,7 +195,7 @@ def cell(batch: int, epochs: float, epsilon: float, device: str, rounds: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=[*CASES, *LM_CASES])
     parser.add_argument("--members", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--device", default=DEFAULT_DEVICE)
     parser.add_argument("--processes", action="store_true", help="also time K concurrent processes (fractional GPUs)")
@@ -192,12 +222,13 @@ def main() -> None:
     print("| case | K | non-private (1 model) | separate | fractional | pack | pack / separate | pack / fractional |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.cases:
-        case = build_case(name, None, 0, "eager", args.device)
+        case, loss = lm_case(name, args.device) if name in LM_CASES else (build_case(name, None, 0, "eager",
+                                                                                      args.device), LOSS)
         for members in args.members:
             models = [copy.deepcopy(case.model) for _ in range(members)]
-            steps = {"non-private": nonprivate_step(copy.deepcopy(case.model), case.inputs, case.targets),
-                     "pack": pack_step(case.model, case.inputs, case.targets, members)}
-            separate = [separate_step(m, case.inputs, case.targets, k) for k, m in enumerate(models)]
+            steps = {"non-private": nonprivate_step(copy.deepcopy(case.model), case.inputs, case.targets, loss),
+                     "pack": pack_step(case.model, case.inputs, case.targets, members, loss)}
+            separate = [separate_step(m, case.inputs, case.targets, k, loss) for k, m in enumerate(models)]
             steps["separate"] = lambda: [s() for s in separate]
             for step in steps.values():
                 step()   # warm-up
@@ -206,8 +237,8 @@ def main() -> None:
                 for method, step in steps.items():
                     times[method].append(timed(step, args.steps, args.device))
             rate = {m: (1 if m == "non-private" else members) / statistics.median(t) for m, t in times.items()}
-            frac = members / fractional(name, args.device, members, args.steps * args.rounds) if args.processes \
-                else float("nan")
+            frac = members / fractional(name, args.device, members, args.steps * args.rounds) \
+                if args.processes and name not in LM_CASES else float("nan")
             print(f"| {case.label}, B={len(case.targets)} | {members} | {rate['non-private']:.1f} | "
                   f"{rate['separate']:.1f} | {frac:.1f} | {rate['pack']:.1f} | {rate['pack'] / rate['separate']:.2f} | "
                   f"{rate['pack'] / frac:.2f} |", flush=True)
