@@ -84,6 +84,10 @@ def case(name: str, seed: int):
         ids = torch.randint(0, 20, (6, 5))
         ids[1, 3:] = 0
         return Bag().double(), ids, y
+    if name == "vit_full":   # timm's ViT fine-tuned in full: its class token and position embedding are broadcasts
+        model = create_model("vit_tiny_patch16_224.augreg_in21k", num_classes=3, input_shape=(3, 16, 16),
+                             weights="random", peft="full", depth=1, embed_dim=16, num_heads=2, patch_size=8)
+        return model.double(), torch.randn(6, 3, 16, 16, dtype=torch.float64), y
     if name == "qwen2_full":   # a causal LM fine-tuned in full: Qwen2's RMSNorm, q/k/v biases, untied embeddings
         return (small_lm("qwen2", "full"), *lm_batch(seed))
     if name == "llama_lora":   # a causal LM: token targets [b, T], a tied (frozen) embedding
@@ -106,12 +110,13 @@ SETTINGS = [(0.05, 1.0), (0.3, 0.5), (5.0, 2.0)]   # (C, σ) per member: mostly 
 
 
 @pytest.mark.parametrize("estimator", ["exact", "hutchinson"])
-@pytest.mark.parametrize("name", ["cnn", "norm_mlp", "rms_mlp", "bag", "minilm_lora", "llama_lora", "qwen2_full"])
+@pytest.mark.parametrize("name", ["cnn", "norm_mlp", "rms_mlp", "bag", "minilm_lora", "llama_lora", "qwen2_full",
+                                  "vit_full"])
 def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
     """Members with different weights, C and σ: per-sample norms and ĝ_k (same noise and probe
     streams) equal those of DPEngine on each member's own model, over two steps."""
     # a full fine-tune's norms are larger: its never-clipped member needs a larger C
-    settings = SETTINGS if name != "qwen2_full" else [(0.05, 1.0), (0.3, 0.5), (1e3, 2.0)]
+    settings = SETTINGS if name not in ("qwen2_full", "vit_full") else [(0.05, 1.0), (0.3, 0.5), (1e3, 2.0)]
     models = [case(name, seed=k)[0] for k in range(len(settings))]
     with torch.no_grad():   # the members of a pack share what is frozen (a pretrained backbone)
         for model in models[1:]:

@@ -43,9 +43,9 @@ from ...errors import UserError
 from .batching import Inputs, batch_len, model_outputs
 from .composite_rule import COMPOSITE, detached
 from .replay_rule import REPLAYED
-from .layer_rules import BROADCAST, CLOSED_FORMS, Call, LayerGrads, NormContext, Rule, materialised_rule
+from .layer_rules import BROADCAST, CLOSED_FORMS, Broadcast, Call, LayerGrads, NormContext, Rule, materialised_rule
 from .norm_estimators import RANDOMISED_WEIGHT_NORMS
-from .packed_rules import PACKED_FORMS
+from .packed_rules import PACKED_BROADCAST, PACKED_FORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
 from .precision import Precision
 from .tied_rule import closed_tie, tied_embedding_head
@@ -95,7 +95,7 @@ def _inside(name: str, unit: str) -> bool:
 def _closed_form(module: nn.Module, local: str) -> Rule | None:
     """The closed-form rule for ``module``'s own parameter ``local``, if any."""
     if BROADCAST.handles(module) and local in BROADCAST.parameter_names(module):
-        return BROADCAST
+        return PACKED_BROADCAST if PACKED_BROADCAST.handles(module) else BROADCAST
     return next((r for r in (*PACKED_FORMS, *CLOSED_FORMS) if r.handles(module)), None)
 
 
@@ -238,7 +238,7 @@ class BookKeepingEngine:
 
         handles, restores = [], []
         for e in self.planned:
-            if e.rule is BROADCAST:
+            if isinstance(e.rule, Broadcast):
                 saved = {n: e.module._parameters[n] for n in e.names}
                 handles.append(e.module.register_forward_pre_hook(functools.partial(expand_parameters, e),
                                                                   with_kwargs=True))

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import UserError
-from .layer_rules import layer_norm_types, llama_rms_norm, own_forward
+from .layer_rules import BROADCAST, layer_norm_types, llama_rms_norm, own_forward
 
 
 def _stack(modules: Sequence[nn.Module], name: str) -> nn.Parameter | None:
@@ -148,6 +148,39 @@ class PackedEmbedding(nn.Module):
 
 
 PACKED = (PackedLinear, PackedConv2d, PackedNorm, PackedEmbedding)
+#: Set on a module of a pack whose own trainable parameters are per-example broadcasts (a ViT's class
+#: token and position embedding, ``layer_rules.Broadcast``): the names stacked over the members.
+PACKED_BROADCASTS = "packed_broadcasts"
+
+
+def _broadcast_owner(module: nn.Module) -> bool:
+    """``module``'s own trainable parameters are all per-example broadcasts it adds to its input."""
+    own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+    return bool(own) and set(own) <= set(BROADCAST.parameter_names(module))
+
+
+def pack_broadcasts(module: nn.Module, layers: Sequence[nn.Module]) -> None:
+    """Stack the trainable broadcast parameters of ``layers`` on ``module`` ([1, *rest] → [K, 1, *rest]),
+    which keeps its own forward: every forward sees each as its rows' members' [K·b, *rest], the
+    per-example expansion the unpacked engine hands the model, member k's value in member k's rows."""
+    names = tuple(n for n, p in layers[0].named_parameters(recurse=False) if p.requires_grad)
+    for name in names:
+        setattr(module, name, _stack(layers, name))
+    setattr(module, PACKED_BROADCASTS, names)
+    module.register_forward_pre_hook(_expand_members)
+    module.register_forward_hook(_restore_members)
+
+
+def _expand_members(module: nn.Module, args: tuple) -> None:
+    rows = args[0].shape[0]
+    saved = {name: module._parameters[name] for name in getattr(module, PACKED_BROADCASTS)}
+    for name, p in saved.items():
+        module._parameters[name] = p.expand(p.shape[0], rows // p.shape[0], *p.shape[2:]).reshape(rows, *p.shape[2:])
+    module.__dict__["_pack_saved"] = saved
+
+
+def _restore_members(module: nn.Module, args: tuple, output: object) -> None:
+    module._parameters.update(module.__dict__.pop("_pack_saved"))
 
 
 def _packed_form(module: nn.Module) -> type | None:
@@ -186,7 +219,8 @@ def packing_problems(model: nn.Module) -> list[str]:
     and each trainable parameter reached under several names (a module used twice, or a tied weight),
     which a pack would share across its members or untie."""
     problems = [f"{name or '<root>'} ({type(model.get_submodule(name)).__name__}): no packed form"
-                for name in _owners(model) if _packed_form(model.get_submodule(name)) is None]
+                for name in _owners(model) if _packed_form(model.get_submodule(name)) is None
+                and not _broadcast_owner(model.get_submodule(name))]
     for names in trainable_names(model).values():
         if len(names) > 1:
             owners = {id(model.get_submodule(n.rpartition(".")[0])) for n in names}
@@ -228,9 +262,12 @@ def pack_models(models: Sequence[nn.Module]) -> nn.Module:
     packed = copy.deepcopy(models[0])
     for name in _owners(models[0]):
         layers = [m.get_submodule(name) for m in models]
-        replacement = _packed_form(layers[0])(layers)
+        form = _packed_form(layers[0])
+        if form is None:   # a broadcast owner (packing_problems refused every other)
+            pack_broadcasts(packed.get_submodule(name), layers)
+            continue
         parent, _, leaf = name.rpartition(".")
-        setattr(packed.get_submodule(parent) if parent else packed, leaf, replacement)
+        setattr(packed.get_submodule(parent) if parent else packed, leaf, form(layers))
     check_members(models[0], packed, len(models))
     return packed
 
@@ -239,8 +276,9 @@ def load_member(packed: nn.Module, model: nn.Module, k: int) -> nn.Module:
     """Copy member ``k``'s weights into ``model`` (an unpacked model of the same architecture)."""
     with torch.no_grad():
         for name, m in packed.named_modules():
-            if isinstance(m, PACKED):
+            if isinstance(m, PACKED) or hasattr(m, PACKED_BROADCASTS):
                 target = model.get_submodule(name)
                 for local, p in m.named_parameters(recurse=False):
-                    getattr(target, local).copy_(p[k])
+                    if isinstance(m, PACKED) or local in getattr(m, PACKED_BROADCASTS):
+                        getattr(target, local).copy_(p[k])
     return model

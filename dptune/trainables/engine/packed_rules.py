@@ -13,10 +13,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .layer_rules import (Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, compute_dtype, tensor_bytes,
+from .layer_rules import (Broadcast, Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, compute_dtype, tensor_bytes,
                           embedding_clipped, embedding_sq_norms, prefer_ghost, scaled_rows, unfold_patches,
                           weight_and_bias, wide)
-from .packed_layers import PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, by_member
+from .packed_layers import PACKED_BROADCASTS, PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, by_member
 
 
 def per_member(c: torch.Tensor, per_sample: torch.Tensor, members: int) -> torch.Tensor:
@@ -180,5 +180,21 @@ class PackedEmbeddingRule(Rule):
         return LayerGrads(sq, clipped, "rows per example, packed", tensor_bytes(ids, G, rows))
 
 
+class PackedBroadcast(Broadcast):
+    """A pack's broadcast parameters (``packed_layers.pack_broadcasts``): row k·b + i's gradient of the
+    expansion is member k's per-example gradient; the clipped sums are per member [K, 1, *rest]."""
+
+    name = "packed broadcast"
+
+    def handles(self, module: nn.Module) -> bool:
+        return hasattr(module, PACKED_BROADCASTS) and super().handles(module)
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        grads = {call.args[0]: call.grad.unsqueeze(1) for call in calls}   # [K·b, 1, *rest]
+        members = next(iter(module._parameters[n] for n in getattr(module, PACKED_BROADCASTS))).shape[0]
+        return _materialised({n: grads[n] for n in names if n in grads}, members, "per-example expansion, packed")
+
+
+PACKED_BROADCAST = PackedBroadcast()
 #: The packed layers' rules (``book_keeping`` tries them before the unpacked closed forms).
 PACKED_FORMS: list[Rule] = [PackedLinearRule(), PackedConv2dRule(), PackedNormRule(), PackedEmbeddingRule()]
