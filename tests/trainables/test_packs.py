@@ -88,6 +88,10 @@ def case(name: str, seed: int):
         model = create_model("vit_tiny_patch16_224.augreg_in21k", num_classes=3, input_shape=(3, 16, 16),
                              weights="random", peft="full", depth=1, embed_dim=16, num_heads=2, patch_size=8)
         return model.double(), torch.randn(6, 3, 16, 16, dtype=torch.float64), y
+    if name == "vit_tv":   # torchvision's ViT: nn.MultiheadAttention, its class token and position embedding
+        model = create_model("vit", num_classes=3, input_shape=(3, 8, 8), patch_size=4, depth=2, embed_dim=8,
+                             num_heads=2)
+        return model.double(), torch.randn(6, 3, 8, 8, dtype=torch.float64), y
     if name == "qwen2_full":   # a causal LM fine-tuned in full: Qwen2's RMSNorm, q/k/v biases, untied embeddings
         return (small_lm("qwen2", "full"), *lm_batch(seed))
     if name == "llama_lora":   # a causal LM: token targets [b, T], a tied (frozen) embedding
@@ -111,12 +115,12 @@ SETTINGS = [(0.05, 1.0), (0.3, 0.5), (5.0, 2.0)]   # (C, σ) per member: mostly 
 
 @pytest.mark.parametrize("estimator", ["exact", "hutchinson"])
 @pytest.mark.parametrize("name", ["cnn", "norm_mlp", "rms_mlp", "bag", "minilm_lora", "llama_lora", "qwen2_full",
-                                  "vit_full"])
+                                  "vit_full", "vit_tv"])
 def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
     """Members with different weights, C and σ: per-sample norms and ĝ_k (same noise and probe
     streams) equal those of DPEngine on each member's own model, over two steps."""
     # a full fine-tune's norms are larger: its never-clipped member needs a larger C
-    settings = SETTINGS if name not in ("qwen2_full", "vit_full") else [(0.05, 1.0), (0.3, 0.5), (1e3, 2.0)]
+    settings = SETTINGS if name not in ("qwen2_full", "vit_full", "vit_tv") else [(0.05, 1.0), (0.3, 0.5), (1e3, 2.0)]
     models = [case(name, seed=k)[0] for k in range(len(settings))]
     with torch.no_grad():   # the members of a pack share what is frozen (a pretrained backbone)
         for model in models[1:]:
@@ -187,6 +191,22 @@ def test_a_pack_trains_each_member_as_its_configuration_alone(options):
             assert mine["epsilon_spent"] == theirs["epsilon_spent"]
             assert mine["clipped_fraction"] == pytest.approx(theirs["clipped_fraction"], abs=2e-3)
             assert mine["pack_members"] == 3
+
+
+def test_a_pack_of_vision_transformers_trains_each_member_as_its_configuration_alone():
+    """torchvision's ViT (nn.MultiheadAttention, a class token and a position embedding, LayerNorm) for
+    one epoch: each member's weights and ε equal its configuration's own Trainer's."""
+    cfgs = [TrainConfig(**{**digits(**m).to_dict(), "epochs": 1, "model": "vit",
+                           "model_options": {"patch_size": 4, "depth": 1, "embed_dim": 16, "num_heads": 2}})
+            for m in MEMBERS]
+    pack = PackTrainer(cfgs)
+    histories = pack.fit()
+    for k, cfg in enumerate(cfgs):
+        trainer = Trainer(cfg)
+        alone = trainer.fit()
+        for n, w in final_weights(trainer.model).items():
+            torch.testing.assert_close(final_weights(pack.model, k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+        assert histories[k][-1]["epsilon_spent"] == alone[-1]["epsilon_spent"]
 
 
 def test_a_pack_over_its_memory_budget_splits_its_passes_and_still_equals_its_lone_runs():
@@ -350,7 +370,7 @@ def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_on
 
 
 #: Inputs each packable backbone is built for (the shape its registry entry is given by the trainer).
-PACKABLE_INPUTS = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "wrn16_4": (3, 32, 32), "all-MiniLM-L6-v2": (16,),
+PACKABLE_INPUTS = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "wrn16_4": (3, 32, 32), "vit": (3, 8, 8), "all-MiniLM-L6-v2": (16,),
                    "smollm2-135m": (16,)}
 
 

@@ -45,7 +45,7 @@ from .composite_rule import COMPOSITE, detached
 from .replay_rule import REPLAYED
 from .layer_rules import BROADCAST, CLOSED_FORMS, Broadcast, Call, LayerGrads, NormContext, Rule, materialised_rule
 from .norm_estimators import RANDOMISED_WEIGHT_NORMS
-from .packed_rules import PACKED_BROADCAST, PACKED_FORMS
+from .packed_rules import PACKED_ATTENTION, PACKED_BROADCAST, PACKED_FORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
 from .precision import Precision
 from .tied_rule import closed_tie, tied_embedding_head
@@ -121,7 +121,7 @@ def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> lis
     units = {mod_name: module for entries in owners.values() for mod_name, module, local in entries
              if _closed_form(module, local) is None}
     units.update({name: model.get_submodule(name) for name in widened})
-    units.update({name: m for name, m in model.named_modules() if REPLAYED.handles(m)
+    units.update({name: m for name, m in model.named_modules() if (REPLAYED.handles(m) or PACKED_ATTENTION.handles(m))
                   and any(p.requires_grad for p in m.parameters())})
     outer = {u: m for u, m in units.items() if not any(v != u and _inside(u, v) for v in units)}
     planned: dict[tuple[int, str], _Planned] = {}
@@ -134,7 +134,7 @@ def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> lis
                 uses.setdefault((id(module), rule.name), (mod_name, module, rule, local))
             else:
                 inner = mod_name[len(unit):].lstrip(".") if unit else mod_name
-                rule = REPLAYED if REPLAYED.handles(outer[unit]) else COMPOSITE
+                rule = next((r for r in (REPLAYED, PACKED_ATTENTION) if r.handles(outer[unit])), COMPOSITE)
                 uses.setdefault((id(outer[unit]), rule.name),
                                 (unit, outer[unit], rule, f"{inner}.{local}" if inner else local))
         for key, (name, module, rule, local) in uses.items():

@@ -147,7 +147,65 @@ class PackedEmbedding(nn.Module):
         return torch.where((ids == self.padding_idx).unsqueeze(-1), out.detach(), out)  # no gradient to padding
 
 
-PACKED = (PackedLinear, PackedConv2d, PackedNorm, PackedEmbedding)
+class PackedMultiheadAttention(nn.Module):
+    """K ``nn.MultiheadAttention`` layers used as self-attention (query, key and value one tensor,
+    ``batch_first``, no dropout): member k's in-projection by one ``bmm`` (in_proj_weight [K, 3E, E]),
+    attention per row (scaled dot products: no parameter), member k's out-projection (a
+    ``PackedLinear``). The projection is kept as ``projected`` for the rule (``packed_rules``), which
+    reads its gradient. Attention weights are not returned (None)."""
+
+    def __init__(self, layers: Sequence[nn.MultiheadAttention]) -> None:
+        super().__init__()
+        first = layers[0]
+        self.members, self.embed_dim, self.num_heads = len(layers), first.embed_dim, first.num_heads
+        self.in_proj_weight = _stack(layers, "in_proj_weight")
+        self.in_proj_bias = _stack(layers, "in_proj_bias")
+        self.out_proj = PackedLinear([layer.out_proj for layer in layers])
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[torch.Tensor, None]:
+        if not (query is key is value):
+            raise UserError("a packed nn.MultiheadAttention is self-attention only (query, key and value one "
+                            "tensor); set search.pack: off to train these configurations apart")
+        qkv = self.project(query)
+        self.__dict__["projected"] = qkv
+        return self.out_proj(self.attend(qkv, key_padding_mask, attn_mask, is_causal)), None
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """[K·b, T, E] → each member's q, k, v projections of its rows [K·b, T, 3E]."""
+        K, E = self.members, self.embed_dim
+        xs, w = x.reshape(K, -1, E), self.in_proj_weight.transpose(1, 2)
+        qkv = torch.bmm(xs, w) if self.in_proj_bias is None else torch.baddbmm(self.in_proj_bias.unsqueeze(1), xs, w)
+        return qkv.reshape(*x.shape[:2], 3 * E)
+
+    def attend(self, qkv: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
+               attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """Scaled dot-product attention of each row's heads: [K·b, T, 3E] → [K·b, T, E], before the out-projection."""
+        E, heads = self.embed_dim, self.num_heads
+        rows, T = qkv.shape[:2]
+        q, k, v = qkv.reshape(rows, T, 3, heads, E // heads).permute(2, 0, 3, 1, 4)   # each [rows, heads, T, d]
+        mask = _attention_mask(attn_mask, key_padding_mask, rows, heads, T, q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        return out.transpose(1, 2).reshape(rows, T, E)
+
+
+def _attention_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, rows: int, heads: int,
+                    T: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """nn.MultiheadAttention's masks (bool: True is masked out; float: added) as one additive mask
+    [rows, heads, T, T] (None: none)."""
+    mask = None
+    for m, shape in ((attn_mask, None), (key_padding_mask, (rows, 1, 1, T))):
+        if m is None:
+            continue
+        m = torch.zeros_like(m, dtype=dtype).masked_fill(m, float("-inf")) if m.dtype == torch.bool else m.to(dtype)
+        m = m.reshape(shape) if shape is not None else m.reshape(-1, heads, T, T) if m.dim() == 3 else m
+        mask = m if mask is None else mask + m
+    return mask
+
+
+PACKED = (PackedLinear, PackedConv2d, PackedNorm, PackedEmbedding, PackedMultiheadAttention)
 #: Set on a module of a pack whose own trainable parameters are per-example broadcasts (a ViT's class
 #: token and position embedding, ``layer_rules.Broadcast``): the names stacked over the members.
 PACKED_BROADCASTS = "packed_broadcasts"
@@ -192,6 +250,10 @@ def _packed_form(module: nn.Module) -> type | None:
         return PackedConv2d
     if own_forward(module, *layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or llama_rms_norm(module):
         return PackedNorm
+    if own_forward(module, nn.MultiheadAttention) and module.batch_first and module._qkv_same_embed_dim \
+            and module.dropout == 0 and module.bias_k is None and not module.add_zero_attn \
+            and own_forward(module.out_proj, nn.Linear):
+        return PackedMultiheadAttention
     if own_forward(module, nn.Embedding) and module.max_norm is None and not module.scale_grad_by_freq \
             and not module.sparse:
         return PackedEmbedding

@@ -13,10 +13,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .layer_rules import (Broadcast, Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, compute_dtype, tensor_bytes,
-                          embedding_clipped, embedding_sq_norms, prefer_ghost, scaled_rows, unfold_patches,
-                          weight_and_bias, wide)
-from .packed_layers import PACKED_BROADCASTS, PackedConv2d, PackedEmbedding, PackedLinear, PackedNorm, by_member
+from .layer_rules import (Broadcast, Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, WeightGrads, compute_dtype,
+                          embedding_clipped, embedding_sq_norms, linear_weight_grads, prefer_ghost, scaled_rows,
+                          tensor_bytes, unfold_patches, weight_and_bias, wide)
+from .packed_layers import (PACKED_BROADCASTS, PackedConv2d, PackedEmbedding, PackedLinear, PackedMultiheadAttention,
+                            PackedNorm, by_member)
 
 
 def per_member(c: torch.Tensor, per_sample: torch.Tensor, members: int) -> torch.Tensor:
@@ -37,25 +38,32 @@ def _materialised(per_sample: dict[str, torch.Tensor], members: int, form: str, 
     return LayerGrads(sq, clipped, form, kept + tensor_bytes(*per_sample.values()))
 
 
+def member_weight_sums(c: torch.Tensor, weight: WeightGrads, members: int) -> torch.Tensor:
+    """Σ_i c_ki A_kiᵀ G_ki of a linear map's weight for each member k, as [K, p, d] (the weight's layout)."""
+    if weight.M is not None:
+        M = per_member(c, weight.M, members)  # [K, d, p]
+    else:
+        d, p = weight.A.shape[2], weight.G.shape[2]
+        scaled = scaled_rows(c, weight.A).reshape(members, -1, d)
+        M = torch.bmm(scaled.transpose(1, 2), weight.G.to(scaled.dtype).reshape(members, -1, p))
+    return M.transpose(1, 2)
+
+
 def _packed_weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor, names: Sequence[str], ctx: NormContext,
-                     form: str) -> LayerGrads:
+                     form: str, prefix: str = "") -> LayerGrads:
     """A weight applied as a ↦ Wa per member, from A [K·b, T, d] and G [K·b, T, p], and a bias
-    added at every position: the clipped weight sum per member is [K, d, p]."""
+    added at every position: the clipped weight sum per member is [K, d, p]. The parameters are
+    ``<prefix>weight`` and ``<prefix>bias`` of ``module``."""
     K = module.members
-    d, p = A.shape[2], G.shape[2]
+    names = [n.removeprefix(prefix) for n in names]
     weight, bias, sq = weight_and_bias(A, G, names, ctx, module)   # per row: [K·b]
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         out = {}
         if weight is not None:
-            if weight.M is not None:
-                M = per_member(c, weight.M, K)  # [K, d, p]
-            else:
-                scaled = scaled_rows(c, A).reshape(K, -1, d)
-                M = torch.bmm(scaled.transpose(1, 2), G.to(scaled.dtype).reshape(K, -1, p))
-            out["weight"] = M.transpose(1, 2).reshape(module.weight.shape)
+            out[prefix + "weight"] = member_weight_sums(c, weight, K).reshape(getattr(module, prefix + "weight").shape)
         if bias is not None:
-            out["bias"] = per_member(c, bias, K)
+            out[prefix + "bias"] = per_member(c, bias, K)
         return out
 
     return LayerGrads(sq, clipped, (weight.form if weight is not None else "bias only") + f", {form}",
@@ -74,6 +82,62 @@ class PackedLinearRule(Rule):
         A = torch.cat([c.args[0].reshape(batch_size, -1, module.in_features) for c in calls], dim=1)
         G = torch.cat([c.grad.reshape(batch_size, -1, module.out_features) for c in calls], dim=1)
         return _packed_weight_and_bias(module, A, G, names, ctx, "packed")
+
+
+class PackedAttentionRule(Rule):
+    """``PackedMultiheadAttention`` as one unit, as the replay rule (``replay_rule``) takes an
+    ``nn.MultiheadAttention``: its linear maps — the q, k and v rows of the in-projection (A the
+    attention's input, G the projection's gradient) and the out-projection (A the attended values,
+    recomputed from the input, G the output's gradient) — by the linear rule per row, in the replay's
+    order and with its probes, so that each member's norms equal its own model's; the clipped sums
+    per member."""
+
+    name = "packed multi-head attention"
+
+    def handles(self, module: nn.Module) -> bool:
+        return isinstance(module, PackedMultiheadAttention)
+
+    def outputs(self, module: nn.Module, output: object, where: str) -> list[torch.Tensor]:
+        return [output[0], module.projected]
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        E, K = module.embed_dim, module.members
+        blocks = [("in_proj_", slice(i * E, (i + 1) * E)) for i in range(3)] + [("out_proj.", slice(None))]
+        pairs: dict[int, list] = {j: [] for j in range(len(blocks))}
+        for call in calls:
+            x, (G_out, G_qkv) = call.args[0], call.grads
+            with torch.no_grad():
+                attended = module.attend(module.project(x), *(call.kwargs.get(k) for k in
+                                                              ("key_padding_mask", "attn_mask")),
+                                         bool(call.kwargs.get("is_causal", False)))
+            for j in range(3):
+                pairs[j].append((x, G_qkv[..., blocks[j][1]]))
+            pairs[3].append((attended, G_out))
+        probes = ctx.probes(module) if ctx.estimator != "exact" else None
+        weights, biases = {}, {}
+        for j, (prefix, _) in enumerate(blocks):
+            A = torch.cat([a.reshape(batch_size, -1, a.shape[-1]) for a, _ in pairs[j]], dim=1)
+            G = torch.cat([g.reshape(batch_size, -1, g.shape[-1]) for _, g in pairs[j]], dim=1)
+            if prefix + "weight" in names:
+                weights[j] = linear_weight_grads(A, G, ctx, module, probes)
+            if prefix + "bias" in names:
+                biases[j] = G.sum(dim=1)   # [K·b, p]
+        parts = [w.sq for w in weights.values()] + [wide(b)[0].pow(2).sum(dim=1) for b in biases.values()]
+        sq = sum(parts[1:], parts[0])
+        params = dict(module.named_parameters())
+
+        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+            out = {n: torch.zeros_like(params[n], dtype=compute_dtype(params[n])) for n in names}
+            for j, w in weights.items():
+                prefix, rows = blocks[j]
+                out[prefix + "weight"][:, rows] += member_weight_sums(c, w, K)
+            for j, b in biases.items():
+                prefix, rows = blocks[j]
+                out[prefix + "bias"][:, rows] += per_member(c, b, K)
+            return out
+
+        kept = sum(w.kept_bytes + tensor_bytes(w.A, w.G) for w in weights.values()) + tensor_bytes(*biases.values())
+        return LayerGrads(sq, clipped, "per linear map, packed", kept)
 
 
 class PackedConv2dRule(Rule):
@@ -197,4 +261,6 @@ class PackedBroadcast(Broadcast):
 
 PACKED_BROADCAST = PackedBroadcast()
 #: The packed layers' rules (``book_keeping`` tries them before the unpacked closed forms).
-PACKED_FORMS: list[Rule] = [PackedLinearRule(), PackedConv2dRule(), PackedNormRule(), PackedEmbeddingRule()]
+PACKED_ATTENTION = PackedAttentionRule()
+PACKED_FORMS: list[Rule] = [PackedLinearRule(), PackedConv2dRule(), PackedNormRule(), PackedEmbeddingRule(),
+                            PACKED_ATTENTION]
