@@ -166,6 +166,20 @@ def final_weights(model: nn.Module, k: int | None = None) -> dict[str, torch.Ten
     return {n: (p[k] if k is not None else p).detach() for n, p in model.named_parameters()}
 
 
+def pack_and_alone(cfgs: list[TrainConfig]) -> tuple[list, list]:
+    """Train ``cfgs`` as one pack and each alone, check that every member ends with its lone run's
+    weights, and return both histories (the pack's per member, the lone runs')."""
+    pack = PackTrainer(cfgs)
+    histories = pack.fit()
+    lone = []
+    for k, cfg in enumerate(cfgs):
+        trainer = Trainer(cfg)
+        lone.append(trainer.fit())
+        for n, w in final_weights(trainer.model).items():
+            torch.testing.assert_close(final_weights(pack.model, k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+    return histories, lone
+
+
 @pytest.mark.parametrize("options", [dict(optimizer="sgd", momentum=0.9, weight_decay=1e-3),
                                      dict(optimizer="adam")],
                          ids=["sgd-momentum", "adam"])
@@ -176,14 +190,8 @@ def test_a_pack_trains_each_member_as_its_configuration_alone(options):
         members = [{**m, "learning_rate": m["learning_rate"] / 50} for m in MEMBERS]
     else:
         members = MEMBERS
-    cfgs = [digits(**options, **m) for m in members]
-    pack = PackTrainer(cfgs)
-    histories = pack.fit()
-    for k, cfg in enumerate(cfgs):
-        trainer = Trainer(cfg)
-        alone = trainer.fit()
-        for n, w in final_weights(trainer.model).items():
-            torch.testing.assert_close(final_weights(pack.model, k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+    histories, lone = pack_and_alone([digits(**options, **m) for m in members])
+    for k, alone in enumerate(lone):
         assert len(histories[k]) == len(alone) == 2
         for mine, theirs in zip(histories[k], alone):
             assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=1 / 360)
@@ -196,16 +204,10 @@ def test_a_pack_trains_each_member_as_its_configuration_alone(options):
 def test_a_pack_of_vision_transformers_trains_each_member_as_its_configuration_alone():
     """torchvision's ViT (nn.MultiheadAttention, a class token and a position embedding, LayerNorm) for
     one epoch: each member's weights and ε equal its configuration's own Trainer's."""
-    cfgs = [TrainConfig(**{**digits(**m).to_dict(), "epochs": 1, "model": "vit",
-                           "model_options": {"patch_size": 4, "depth": 1, "embed_dim": 16, "num_heads": 2}})
-            for m in MEMBERS]
-    pack = PackTrainer(cfgs)
-    histories = pack.fit()
-    for k, cfg in enumerate(cfgs):
-        trainer = Trainer(cfg)
-        alone = trainer.fit()
-        for n, w in final_weights(trainer.model).items():
-            torch.testing.assert_close(final_weights(pack.model, k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+    histories, lone = pack_and_alone([TrainConfig(**{**digits(**m).to_dict(), "epochs": 1, "model": "vit",
+                                                     "model_options": {"patch_size": 4, "depth": 1, "embed_dim": 16,
+                                                                       "num_heads": 2}}) for m in MEMBERS])
+    for k, alone in enumerate(lone):
         assert histories[k][-1]["epsilon_spent"] == alone[-1]["epsilon_spent"]
 
 
