@@ -109,8 +109,9 @@ class Sweep:
         # an errored or stopped trial has no result; a clip-equivalent one has its source's (same trajectory)
         complete = t["status"].isin(["finished", "equivalent"])
         selected = selected_values(t)
-        t["value"], t["score"], t["sign"] = selected["value"].where(complete), selected["score"].where(complete), \
-            selected["sign"]
+        t["value"] = selected["value"].where(complete)
+        t["score"] = selected["score"].where(complete)
+        t["sign"] = selected["sign"]
         t["accuracy"] = t["value"].where(selected["accuracy"])
         for column in ("dataset", "backbone"):
             t[column] = t[column].astype(object).where(t[column].notna(), "?")

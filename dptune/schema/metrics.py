@@ -71,9 +71,14 @@ SCORE = "score"
 def signed(metric: str, value: float | None) -> float | None:
     """The score of ``value`` of ``metric`` (:data:`SCORE`): ``value`` where higher is better,
     ``-value`` where lower is; None stays None."""
+    return oriented(value, METRICS[metric].mode)
+
+
+def oriented(value: float | None, mode: str) -> float | None:
+    """``value`` of a metric of direction ``mode`` as a score: itself for ``max``, negated for ``min``."""
     if value is None:
         return None
-    return float(value) if METRICS[metric].mode == "max" else -float(value)
+    return float(value) if mode == "max" else -float(value)
 
 
 #: Tasks (the ``task`` of a dataset; datasets not named in a registry's task table are classifications).

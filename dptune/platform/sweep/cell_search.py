@@ -555,11 +555,8 @@ class CellSearch:
         mode = state.pop("mode", "max")
         self.__dict__.update(state)
         if mode == "min":
-            self.finished = {key: None if v is None else -v for key, v in self.finished.items()}
-            for values in self.scores.values():
-                values.update({seed: None if v is None else -v for seed, v in values.items()})
-            for running in self.running.values():
-                running.scores.update({seed: None if v is None else -v for seed, v in running.scores.items()})
+            for results in (self.finished, *self.scores.values(), *(r.scores for r in self.running.values())):
+                results.update({key: None if v is None else -v for key, v in results.items()})
 
     def best(self) -> tuple[Indices, float] | None:
         """The best finished configuration (indices, mean score), or None; of equal means the one

@@ -72,8 +72,8 @@ def epoch_report(metrics: dict, plan: PrivacyPlan, trainable: int, history: list
     diverged in this epoch (its last report: the trial ends with it, recorded, not retried). ``plan``: the
     trainer's privacy plan; ``trainable``: its number of trainable parameters."""
     head = {k: metrics[k] for k in (metric, LOSS_OF[metric], "epsilon_spent", "epoch") if k in metrics}
-    head = {metric: math.nan, **head}   # private selection scores only at the end (Ray Tune wants the metric)
-    head = {metric: head[metric], SCORE: signed(metric, head[metric]), **head}
+    value = head.get(metric, math.nan)   # private selection scores only at the end (Ray Tune wants the metric)
+    head = {metric: value, SCORE: signed(metric, value), **head}
     rest = {k: v for k, v in metrics.items()
             if k not in head and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {**head, **rest, "noise_multiplier": plan.noise_multiplier,

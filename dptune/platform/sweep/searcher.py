@@ -36,6 +36,7 @@ from pyarrow.fs import LocalFileSystem
 from .bracket import Bracket
 from .race import Race
 from ...search_spaces.search_sections import MODEL_BASED
+from ...schema.metrics import oriented
 from .cell_search import GP, WAIT, CellSearch, ClipChains, Indices, Ordered, TPE, Transfer, WarmStart
 from .starts import cell_starts, prior_optima
 from ..store.durable import read_file, write_bytes
@@ -149,8 +150,7 @@ class SweepSearcher(Searcher):
     def score(self, result: dict) -> float | None:
         """A result's score, higher is better: the sweep's trials report it (``metric`` ``score``,
         ``mode`` ``max``); a metric of Ray Tune's choosing is signed by its ``mode`` here, once."""
-        value = result.get(self.metric)
-        return None if value is None else (float(value) if self.mode == "max" else -float(value))
+        return oriented(result.get(self.metric), self.mode)
 
     def save(self, checkpoint_path: str) -> None:
         write_bytes(LocalFileSystem(), checkpoint_path, pickle.dumps(self.__dict__))

@@ -255,7 +255,7 @@ class PackedBroadcast(Broadcast):
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         grads = {call.args[0]: call.grad.unsqueeze(1) for call in calls}   # [K·b, 1, *rest]
-        members = next(iter(module._parameters[n] for n in getattr(module, PACKED_BROADCASTS))).shape[0]
+        members = module._parameters[getattr(module, PACKED_BROADCASTS)[0]].shape[0]
         return _materialised({n: grads[n] for n in names if n in grads}, members, "per-example expansion, packed")
 
 
