@@ -26,6 +26,7 @@ from dptune.trainables.training import Trainer
 from dptune.trainables.tasks import completion_nll
 from test_book_keeping import LOSS, SEQ, TEXT_SMALL, padded_text
 from test_causal_lm import lm_batch, small_lm
+from per_example_reference import clipped_sum_loop
 
 CPU = torch.device("cpu")
 
@@ -143,6 +144,9 @@ def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
         for k, (model, single) in enumerate(zip(models, alone)):
             reference = single.private_gradient(x, y)
             torch.testing.assert_close(stats["norms"][k], reference["norms"], rtol=1e-9, atol=1e-12)
+            if estimator == "exact":   # and against each member's own model, one example at a time
+                torch.testing.assert_close(stats["norms"][k], clipped_sum_loop(model, x, y, 1.0, loss)[1],
+                                           rtol=1e-9, atol=1e-12)
             assert float(stats["clipped_fraction"][k]) == pytest.approx(reference["clipped_fraction"])
             for (n, p), (_, q) in zip(packed.named_parameters(), model.named_parameters()):
                 if q.requires_grad:
