@@ -46,7 +46,7 @@ from torch import nn
 from common import CASES, DEFAULT_DEVICE, Case, build_case
 from dptune.trainables import DPEngine
 from dptune.trainables.engine.batching import model_outputs
-from dptune.trainables.engine.packed_layers import pack_models
+from dptune.trainables.engine.packing import pack_models
 from dptune.trainables.engine.packed_step import PackedDPEngine, PackedOptimizer
 
 warnings.filterwarnings("ignore")

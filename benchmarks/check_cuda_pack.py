@@ -13,7 +13,7 @@ import torch
 
 from common import DEFAULT_DEVICE, build_case
 from dptune.trainables import DPEngine
-from dptune.trainables.engine.packed_layers import pack_models
+from dptune.trainables.engine.packing import pack_models
 from dptune.trainables.engine.packed_step import PackedDPEngine
 from dptune.trainables.engine.randomness import SeededStream
 

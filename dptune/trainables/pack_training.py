@@ -30,7 +30,7 @@ from .engine.batching import to_device
 from .engine.book_keeping import free_memory
 from .engine.optimizers import make_optimizer
 from .engine.pack_memory import MEMORY_SHARE, estimate
-from .engine.packed_layers import load_member, pack_models, packing_problems
+from .engine.packing import load_member, pack_models, packing_problems
 from .engine.packed_step import PackedDPEngine, PackedOptimizer
 from .training import Trainer, divergence, epoch_epsilons, norm_metrics, plan_privacy
 

@@ -78,10 +78,11 @@ CAUSAL_LMS.register_family_lazy("hf", f"{_T}models.causal_lm:create_causal_lm")
 LM_INPUT_SPECS.register_family_lazy("hf", f"{_T}models.causal_lm:lm_data_options")
 
 #: Backbones whose trainable layers all have a packed form (packed trials, :mod:`.engine.packed_layers`);
-#: a pretrained one with its default ``peft`` (film, lora or head; ``full`` packs too for the ViTs, not
-#: for SmolLM2, whose tied embeddings a pack would untie). ``tests/trainables/test_packs.py`` builds
+#: a pretrained one with its default ``peft`` (film, lora or head; ``full`` packs too — SmolLM2's tied
+#: embeddings stay one packed weight — but the sweep packs it only when the spec says so).
+#: ``tests/trainables/test_packs.py`` builds
 #: each and finds nothing unpacked.
-PACKABLE_MODELS = ("mlp", "cnn", "wrn16_4", "vit", *PAPER_VITS, "all-MiniLM-L6-v2", *EMBEDDED_LMS)
+PACKABLE_MODELS = ("mlp", "cnn", "wrn16_4", "lstm", "vit", *PAPER_VITS, "all-MiniLM-L6-v2", *EMBEDDED_LMS)
 
 DATASETS: Registry = Registry("dataset")
 TRAIN_SIZES: Registry = Registry("dataset size")

@@ -15,7 +15,7 @@ from dptune.errors import UserError
 from dptune.schema import TrainConfig
 from dptune.trainables import DPEngine
 from dptune.trainables.engine.pack_memory import optimizer_slots
-from dptune.trainables.engine.packed_layers import pack_models, packing_problems
+from dptune.trainables.engine.packing import pack_models, packing_problems
 from dptune.trainables.engine.packed_step import PackedDPEngine
 from dptune.trainables.engine.randomness import SeededStream
 from dptune.trainables.models.catalog import create_model
@@ -72,6 +72,60 @@ class Bag(nn.Module):
         return self.head(self.fc(torch.tanh(self.fc(self.emb(ids)))).mean(dim=1))
 
 
+class Recurrent(nn.Module):
+    """A GRU over a sequence-first input, then a two-layer LSTM with projections, then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(4, 5)
+        self.lstm = nn.LSTM(5, 6, num_layers=2, proj_size=3, batch_first=True)
+        self.head = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.gru(x.transpose(0, 1))
+        out, (h_n, c_n) = self.lstm(torch.tanh(h.transpose(0, 1)))
+        return self.head(out.mean(dim=1) + h_n[-1])
+
+
+class SharedModule(nn.Module):
+    """One Linear registered under two names (``self.b = self.a``), applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = self.a
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.b(torch.tanh(self.a(x))))
+
+
+class TiedWeights(nn.Module):
+    """An embedding and an output layer sharing one weight (a language model's tie)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.emb(ids))).mean(dim=1)
+
+
+class TiedLinears(nn.Module):
+    """Two linear layers sharing one weight: a tie the pack has no per-member rule for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 3)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
 def case(name: str, seed: int):
     """(model, inputs, targets) in float64; LoRA's B factors given values (zero at init)."""
     torch.manual_seed(seed)
@@ -81,6 +135,18 @@ def case(name: str, seed: int):
             torch.randn(6, 1, 8, 8, dtype=torch.float64), y
     if name in ("norm_mlp", "rms_mlp"):
         return (NormMLP if name == "norm_mlp" else RMSMLP)().double(), torch.randn(6, 12, dtype=torch.float64), y
+    if name == "lstm":   # the registry's LSTM over image rows: two layers, both directions
+        return create_model("lstm", num_classes=3, input_shape=(1, 6, 4), hidden=5, layers=2,
+                            bidirectional=True).double(), torch.randn(6, 1, 6, 4, dtype=torch.float64), y
+    if name == "gru_lstm":
+        return Recurrent().double(), torch.randn(6, 7, 4, dtype=torch.float64), y
+    if name == "shared":
+        return SharedModule().double(), torch.randn(6, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1, 0])
+    if name == "tied":
+        ids = torch.randint(0, 10, (6, 5))
+        return TiedWeights().double(), ids, y
+    if name == "llama_full":   # a causal LM fine-tuned in full: its token embeddings tied to its output layer
+        return (small_lm("llama", "full"), *lm_batch(seed))
     if name == "bag":
         ids = torch.randint(0, 20, (6, 5))
         ids[1, 3:] = 0
@@ -116,12 +182,12 @@ SETTINGS = [(0.05, 1.0), (0.3, 0.5), (5.0, 2.0)]   # (C, σ) per member: mostly 
 
 @pytest.mark.parametrize("estimator", ["exact", "hutchinson"])
 @pytest.mark.parametrize("name", ["cnn", "norm_mlp", "rms_mlp", "bag", "minilm_lora", "llama_lora", "qwen2_full",
-                                  "vit_full", "vit_tv"])
+                                  "vit_full", "vit_tv", "lstm", "gru_lstm", "shared", "tied", "llama_full"])
 def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
     """Members with different weights, C and σ: per-sample norms and ĝ_k (same noise and probe
     streams) equal those of DPEngine on each member's own model, over two steps."""
     # a full fine-tune's norms are larger: its never-clipped member needs a larger C
-    settings = SETTINGS if name not in ("qwen2_full", "vit_full", "vit_tv") else [(0.05, 1.0), (0.3, 0.5), (1e3, 2.0)]
+    settings = SETTINGS if name not in ("qwen2_full", "llama_full", "vit_full", "vit_tv") else [(0.05, 1.0), (0.3, 0.5), (1e3, 2.0)]
     models = [case(name, seed=k)[0] for k in range(len(settings))]
     with torch.no_grad():   # the members of a pack share what is frozen (a pretrained backbone)
         for model in models[1:]:
@@ -130,7 +196,7 @@ def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
                     p.copy_(q)
     x, y = case(name, seed=0)[1:]
     sketch = 4 if estimator == "hutchinson" else None
-    loss = completion_nll if name in ("llama_lora", "qwen2_full") else LOSS
+    loss = completion_nll if name in ("llama_lora", "qwen2_full", "llama_full") else LOSS
     packed = pack_models(models)
     engine = PackedDPEngine(packed, loss, members=len(models), clip_bounds=[c for c, _ in settings],
                             noise_multipliers=[s for _, s in settings], expected_batch_size=4.0,
@@ -215,6 +281,17 @@ def test_a_pack_of_vision_transformers_trains_each_member_as_its_configuration_a
         assert histories[k][-1]["epsilon_spent"] == alone[-1]["epsilon_spent"]
 
 
+def test_a_pack_of_lstms_trains_each_member_as_its_configuration_alone():
+    """The registry's LSTM over image rows (two layers, both directions) for one epoch: each member's
+    weights, ε and test accuracy equal its configuration's own Trainer's."""
+    histories, lone = pack_and_alone([TrainConfig(**{**digits(**m).to_dict(), "epochs": 1, "model": "lstm",
+                                                     "model_options": {"hidden": 8, "layers": 2,
+                                                                       "bidirectional": True}}) for m in MEMBERS])
+    for k, alone in enumerate(lone):
+        assert histories[k][-1]["epsilon_spent"] == alone[-1]["epsilon_spent"]
+        assert histories[k][-1]["test_accuracy"] == pytest.approx(alone[-1]["test_accuracy"], abs=1 / 360)
+
+
 def test_a_pack_over_its_memory_budget_splits_its_passes_and_still_equals_its_lone_runs():
     """A budget that holds the members' state and 5 examples each per pass: every packed forward
     sees at most 15 rows (B = 64: several passes per step), and each member still ends where its
@@ -280,52 +357,33 @@ def test_what_cannot_be_packed_is_refused_by_name():
         PackTrainer([digits(**MEMBERS[0]), TrainConfig(**{**digits(**MEMBERS[1]).to_dict(), 'batch_size': 32})])
     with pytest.raises(UserError, match="non-private"):
         PackTrainer([digits(clip_bound=1.0, learning_rate=0.1, epsilon=float("inf"))])
-    lstm = nn.Sequential(nn.LSTM(4, 4))
-    with pytest.raises(UserError, match=r"0 \(LSTM\)"):
-        pack_models([lstm, copy.deepcopy(lstm)])
+    conv = nn.Sequential(nn.Conv1d(4, 4, 3))
+    with pytest.raises(UserError, match=r"0 \(Conv1d\)"):
+        pack_models([conv, copy.deepcopy(conv)])
 
 
-class SharedModule(nn.Module):
-    """One Linear registered under two names (``self.b = self.a``), applied twice."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(3, 3)
-        self.b = self.a
-        self.head = nn.Linear(3, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.b(torch.tanh(self.a(x))))
-
-
-class TiedWeights(nn.Module):
-    """An embedding and an output layer sharing one weight (a language model's tie)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(10, 4)
-        self.out = nn.Linear(4, 10, bias=False)
-        self.out.weight = self.emb.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.tanh(self.emb(ids))).mean(dim=1)
-
-
-@pytest.mark.parametrize("model,names", [(SharedModule, "a.weight = b.weight"), (TiedWeights, "emb.weight = out.weight")])
-def test_a_shared_module_or_a_tied_weight_is_refused_for_packing_with_the_reason(model, names):
+@pytest.mark.parametrize("model,names", [(SharedModule, ("a", "b")), (TiedWeights, ("emb", "out"))])
+def test_a_shared_module_or_a_tied_weight_stays_one_parameter_per_member_in_its_pack(model, names):
     """Issue 47: ``self.b = self.a`` packed a.weight but left b.weight one tensor for all members
     (K = 3 ran: one example's contribution to it reached Σ_k C_k); a tied weight got two independent
-    stacks. Both are refused by name, before anything trains, for any K."""
-    assert any(names in problem for problem in packing_problems(model()))
+    stacks. Now the module is packed once under both names and the tie is one packed parameter: the
+    names reach one [K, …] parameter (the test above checks each member's gradient)."""
     for members in (2, 3):
-        with pytest.raises(UserError, match=f"cannot be packed: .*{names}"):
-            pack_models([model() for _ in range(members)])
+        packed = pack_models([model() for _ in range(members)])
+        first, second = (packed.get_parameter(f"{n}.weight") for n in names)
+        assert first is second and first.shape[0] == members
+
+
+def test_a_tie_the_pack_has_no_rule_for_is_refused_by_name():
+    assert any("a.weight = b.weight (a weight tied across layers" in p for p in packing_problems(TiedLinears()))
+    with pytest.raises(UserError, match=r"cannot be packed: .*a.weight = b.weight"):
+        pack_models([TiedLinears() for _ in range(3)])
 
 
 def test_a_planted_shared_parameter_fails_the_pack_invariant():
     """The invariant itself, on a pack that was built right and then broken: a layer swapped back for
     the unpacked one (its weight shared by the members), or a source weight missing from the pack."""
-    from dptune.trainables.engine.packed_layers import check_members
+    from dptune.trainables.engine.packing import check_members
 
     source = NormMLP()
     packed = pack_models([source, copy.deepcopy(source), copy.deepcopy(source)])
@@ -376,7 +434,7 @@ def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_on
 
 
 #: Inputs each packable backbone is built for (the shape its registry entry is given by the trainer).
-PACKABLE_INPUTS = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "wrn16_4": (3, 32, 32), "vit": (3, 8, 8), "all-MiniLM-L6-v2": (16,),
+PACKABLE_INPUTS = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lstm": (1, 8, 8), "wrn16_4": (3, 32, 32), "vit": (3, 8, 8), "all-MiniLM-L6-v2": (16,),
                    "smollm2-135m": (16,)}
 
 

@@ -28,7 +28,7 @@ from ...privacy.audit_bound import GRADIENT_CANARIES, INPUT_CANARIES, SIGNIFICAN
 from .canaries import TAG_SCALE, CanaryHead, Canaries, gradient_scores, input_scores, plant
 from ...schema import TrainConfig
 from ..engine.distributed import Workers
-from ..engine.packed_layers import load_member
+from ..engine.packing import load_member
 from ..pack_training import PackTrainer
 from ..training import Trainer, backbone_options, load_training_data
 

@@ -10,19 +10,20 @@ trainable parameters (activations, pooling, frozen backbone layers) see K·b row
 
 Because row (k, i) reaches only member k's slices, its per-example gradient over the whole packed
 model is member k's per-example gradient: the book-keeping engine's norms and clipped sums of the
-packed model are each member's own (``packed_rules``).
+packed model are each member's own (``packed_rules``). ``packing`` builds a pack from K models.
 """
 from __future__ import annotations
 
-import copy
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
 from ...errors import UserError
-from .layer_rules import BROADCAST, layer_norm_types, llama_rms_norm, own_forward
+from .layer_rules import llama_rms_norm
+from .recurrent import rnn_forward
 
 
 def _stack(modules: Sequence[nn.Module], name: str) -> nn.Parameter | None:
@@ -37,6 +38,15 @@ def by_member(x: torch.Tensor, members: int) -> torch.Tensor:
     return x.reshape(members, x.shape[0] // members, *x.shape[1:])
 
 
+def member_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Member k's linear map on member k's rows, by one ``bmm``: x [K·b, …, d], weight [K, p, d] and bias
+    [K, p] (or None) → [K·b, …, p]."""
+    K, p = weight.shape[0], weight.shape[1]
+    xs, w = x.reshape(K, -1, x.shape[-1]), weight.transpose(1, 2)
+    y = torch.bmm(xs, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), xs, w)
+    return y.reshape(*x.shape[:-1], p)
+
+
 class PackedLinear(nn.Module):
     """K ``nn.Linear`` layers: weight [K, out, in], bias [K, out]; y_k = x_k W_kᵀ + b_k by one ``bmm``."""
 
@@ -48,10 +58,7 @@ class PackedLinear(nn.Module):
         self.bias = _stack(layers, "bias")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xs = x.reshape(self.members, -1, self.in_features)  # [K, b·T, in]
-        w = self.weight.transpose(1, 2)
-        y = torch.bmm(xs, w) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), xs, w)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return member_linear(x, self.weight, self.bias)
 
 
 class PackedConv2d(nn.Module):
@@ -175,10 +182,7 @@ class PackedMultiheadAttention(nn.Module):
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """[K·b, T, E] → each member's q, k, v projections of its rows [K·b, T, 3E]."""
-        K, E = self.members, self.embed_dim
-        xs, w = x.reshape(K, -1, E), self.in_proj_weight.transpose(1, 2)
-        qkv = torch.bmm(xs, w) if self.in_proj_bias is None else torch.baddbmm(self.in_proj_bias.unsqueeze(1), xs, w)
-        return qkv.reshape(*x.shape[:2], 3 * E)
+        return member_linear(x, self.in_proj_weight, self.in_proj_bias)
 
     def attend(self, qkv: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
@@ -189,6 +193,37 @@ class PackedMultiheadAttention(nn.Module):
         mask = _attention_mask(attn_mask, key_padding_mask, rows, heads, T, q.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         return out.transpose(1, 2).reshape(rows, T, E)
+
+
+class PackedRNN(nn.Module):
+    """K ``nn.RNN``, ``nn.LSTM`` or ``nn.GRU`` layers (no dropout between layers) on padded input
+    tensors: their parameters under the module's own names stacked [K, …]; the forward is
+    ``recurrent.rnn_forward`` (the same equations, gate order and states as PyTorch's) with each
+    linear map applied per member (``member_linear``). Returns (output, h_n) or (output, (h_n, c_n))
+    as the module does, the K·b rows member-major."""
+
+    def __init__(self, layers: Sequence[nn.RNNBase]) -> None:
+        super().__init__()
+        first = layers[0]
+        self.members = len(layers)
+        for attr in ("mode", "input_size", "hidden_size", "num_layers", "bidirectional", "proj_size", "batch_first",
+                     "dropout"):
+            setattr(self, attr, getattr(first, attr))
+        for name, _ in first.named_parameters():
+            setattr(self, name, _stack(layers, name))
+
+    def forward(self, input: torch.Tensor, hx: object = None) -> tuple[torch.Tensor, object]:
+        if isinstance(input, PackedSequence) or input.dim() != 3:
+            raise UserError(f"a packed {type(self).__name__} takes a batched, padded input tensor (got "
+                            f"{type(input).__name__} of {getattr(input, 'dim', lambda: '?')()} dimensions); set "
+                            "search.pack: off to train these configurations apart")
+        x = input if self.batch_first else input.transpose(0, 1)
+        out, state = rnn_forward(self, {}, x, hx, None, self.linear)
+        return (out if self.batch_first else out.transpose(0, 1)), state
+
+    def linear(self, v: torch.Tensor, weight: str, bias: str | None) -> torch.Tensor:
+        """One of the layer's maps (its weight's and bias's names) applied per member."""
+        return member_linear(v, getattr(self, weight), getattr(self, bias) if bias else None)
 
 
 def _attention_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, rows: int, heads: int,
@@ -205,16 +240,10 @@ def _attention_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tens
     return mask
 
 
-PACKED = (PackedLinear, PackedConv2d, PackedNorm, PackedEmbedding, PackedMultiheadAttention)
+PACKED = (PackedLinear, PackedConv2d, PackedNorm, PackedEmbedding, PackedMultiheadAttention, PackedRNN)
 #: Set on a module of a pack whose own trainable parameters are per-example broadcasts (a ViT's class
 #: token and position embedding, ``layer_rules.Broadcast``): the names stacked over the members.
 PACKED_BROADCASTS = "packed_broadcasts"
-
-
-def _broadcast_owner(module: nn.Module) -> bool:
-    """``module``'s own trainable parameters are all per-example broadcasts it adds to its input."""
-    own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
-    return bool(own) and set(own) <= set(BROADCAST.parameter_names(module))
 
 
 def pack_broadcasts(module: nn.Module, layers: Sequence[nn.Module]) -> None:
@@ -239,108 +268,3 @@ def _expand_members(module: nn.Module, args: tuple) -> None:
 
 def _restore_members(module: nn.Module, args: tuple, output: object) -> None:
     module._parameters.update(module.__dict__.pop("_pack_saved"))
-
-
-def _packed_form(module: nn.Module) -> type | None:
-    """The packed class for a module whose algebra it repeats exactly, or None."""
-    if own_forward(module, nn.Linear):
-        return PackedLinear
-    if own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros" \
-            and not isinstance(module.padding, str):
-        return PackedConv2d
-    if own_forward(module, *layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or llama_rms_norm(module):
-        return PackedNorm
-    if own_forward(module, nn.MultiheadAttention) and module.batch_first and module._qkv_same_embed_dim \
-            and module.dropout == 0 and module.bias_k is None and not module.add_zero_attn \
-            and own_forward(module.out_proj, nn.Linear):
-        return PackedMultiheadAttention
-    if own_forward(module, nn.Embedding) and module.max_norm is None and not module.scale_grad_by_freq \
-            and not module.sparse:
-        return PackedEmbedding
-    return None
-
-
-def _owners(model: nn.Module) -> list[str]:
-    """Names of the modules that own trainable parameters directly."""
-    return [name for name, m in model.named_modules()
-            if any(p.requires_grad for p in m.parameters(recurse=False))]
-
-
-def trainable_names(model: nn.Module) -> dict[int, list[str]]:
-    """Every trainable ``Parameter`` object of ``model`` (by id) with all the names that reach it: more
-    than one when its module is registered under several names or the weight is tied across layers."""
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if p.requires_grad:
-            names.setdefault(id(p), []).append(name)
-    return names
-
-
-def packing_problems(model: nn.Module) -> list[str]:
-    """Why ``model`` cannot be packed: each module owning a trainable parameter with no packed form,
-    and each trainable parameter reached under several names (a module used twice, or a tied weight),
-    which a pack would share across its members or untie."""
-    problems = [f"{name or '<root>'} ({type(model.get_submodule(name)).__name__}): no packed form"
-                for name in _owners(model) if _packed_form(model.get_submodule(name)) is None
-                and not _broadcast_owner(model.get_submodule(name))]
-    for names in trainable_names(model).values():
-        if len(names) > 1:
-            owners = {id(model.get_submodule(n.rpartition(".")[0])) for n in names}
-            what = "one module registered under several names" if len(owners) == 1 else "a weight tied across layers"
-            problems.append(f"{' = '.join(names)} ({what}: a pack keeps one parameter per name)")
-    return problems
-
-
-def check_members(source: nn.Module, packed: nn.Module, members: int) -> None:
-    """The pack's invariant, checked before its first step: every trainable ``Parameter`` object of
-    ``source`` maps to exactly one packed parameter with the member dimension [K, *shape], under every
-    name that reaches it, and the packed model trains nothing else (a parameter left shared by the
-    members would take every member's examples while each adds noise for its own C only)."""
-    packed_params = dict(packed.named_parameters(remove_duplicate=False))
-    image: dict[int, int] = {}
-    for pid, names in trainable_names(source).items():
-        shape = tuple(source.get_parameter(names[0]).shape)
-        targets = {id(packed_params[n]) for n in names if n in packed_params}
-        ok = (len(targets) == 1 and all(n in packed_params for n in names)
-              and tuple(packed_params[names[0]].shape) == (members, *shape))
-        if not ok:
-            raise UserError(f"pack invariant: {' = '.join(names)} {shape} is not one packed parameter of shape "
-                            f"({members}, {', '.join(map(str, shape))}) in the pack")
-        image[targets.pop()] = pid
-    extra = [n for n, p in packed_params.items() if p.requires_grad and id(p) not in image]
-    if extra or len(image) != len(trainable_names(source)):
-        raise UserError(f"pack invariant: trainable parameters that belong to no single member: "
-                        f"{', '.join(extra) or 'two source parameters share one packed parameter'}")
-
-
-def pack_models(models: Sequence[nn.Module]) -> nn.Module:
-    """One packed model from K models of the same architecture (their weights become the members').
-    Frozen modules are shared (taken from the first model). Refuses, naming them, the modules that
-    own a trainable parameter and have no packed form, and parameters reached under several names;
-    then checks the pack's invariant (:func:`check_members`) before anything trains."""
-    problems = packing_problems(models[0])
-    if problems:
-        raise UserError(f"model cannot be packed: {'; '.join(problems)}; set search.pack: off to train its configurations apart")
-    packed = copy.deepcopy(models[0])
-    for name in _owners(models[0]):
-        layers = [m.get_submodule(name) for m in models]
-        form = _packed_form(layers[0])
-        if form is None:   # a broadcast owner (packing_problems refused every other)
-            pack_broadcasts(packed.get_submodule(name), layers)
-            continue
-        parent, _, leaf = name.rpartition(".")
-        setattr(packed.get_submodule(parent) if parent else packed, leaf, form(layers))
-    check_members(models[0], packed, len(models))
-    return packed
-
-
-def load_member(packed: nn.Module, model: nn.Module, k: int) -> nn.Module:
-    """Copy member ``k``'s weights into ``model`` (an unpacked model of the same architecture)."""
-    with torch.no_grad():
-        for name, m in packed.named_modules():
-            if isinstance(m, PACKED) or hasattr(m, PACKED_BROADCASTS):
-                target = model.get_submodule(name)
-                for local, p in m.named_parameters(recurse=False):
-                    if isinstance(m, PACKED) or local in getattr(m, PACKED_BROADCASTS):
-                        getattr(target, local).copy_(p[k])
-    return model

@@ -12,6 +12,10 @@ and its clipped sum as one matrix product — Opacus's DPLSTM and DPMultiheadAtt
 through their own Linear layers. Blocks of rows of one weight are disjoint, so their squared norms
 add. A call the replay does not cover (attention with ``bias_k``/``add_zero_attn`` or an
 ``is_causal`` hint without a mask) goes to ``composite_rule`` instead.
+
+A pack's recurrent layer (``packed_layers.PackedRNN``) is replayed the same way, in the same order
+and with the same probes as each member's own layer: its maps applied per member, the per-sample
+view per row (row k·b + i is member k's example i), the clipped sums per member.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from ...errors import UserError
 from .composite_rule import COMPOSITE, Composite, filled
 from .layer_rules import Call, LayerGrads, NormContext, compute_dtype, tensor_bytes, linear_weight_grads, scaled_sum
+from .packed_layers import PackedRNN, member_linear
+from .packed_rules import member_weight_sums, per_member
 from .recurrent import rnn_forward
 
 #: A tapped block: (parameter name, first row, end row) — rows None: the whole parameter.
@@ -37,12 +43,18 @@ class _NotReplayable(Exception):
     """This call uses a feature the replay does not cover."""
 
 
+def _recurrent(module: nn.Module) -> bool:
+    return isinstance(module, (nn.RNNBase, PackedRNN))
+
+
 class Taps:
-    """The linear maps of one replay: per weight block, its inputs A and its output taps."""
+    """The linear maps of one replay: per weight block, its inputs A and its output taps. A pack's
+    module (``members`` K) applies member k's block to member k's rows."""
 
     def __init__(self, module: nn.Module, names: Sequence[str]) -> None:
         self.params = dict(module.named_parameters())
         self.names = set(names)
+        self.members = getattr(module, "members", None)
         self.uses: list[tuple[Block, Optional[Block], torch.Tensor, torch.Tensor]] = []  # (weight, bias, A, tap)
 
     def tensor(self, block: Optional[Block]) -> Optional[torch.Tensor]:
@@ -50,11 +62,13 @@ class Taps:
             return None
         name, start, stop = block
         value = self.params[name].detach()
-        return value if start is None else value[start:stop]
+        rows = slice(start, stop)
+        return value if start is None else value[:, rows] if self.members else value[rows]
 
     def linear(self, x: torch.Tensor, weight: Block, bias: Optional[Block]) -> torch.Tensor:
-        """``F.linear`` of the block's weight and bias, tapped when either is trained."""
-        out = F.linear(x, self.tensor(weight), self.tensor(bias))
+        """``F.linear`` of the block's weight and bias (per member in a pack), tapped when either is trained."""
+        apply = member_linear if self.members else F.linear
+        out = apply(x, self.tensor(weight), self.tensor(bias))
         if weight[0] not in self.names and (bias is None or bias[0] not in self.names):
             return out
         tap = torch.zeros_like(out, requires_grad=True)
@@ -68,19 +82,19 @@ class Replayed(Composite):
     name = "replay"
 
     def handles(self, module: nn.Module) -> bool:
-        return isinstance(module, nn.RNNBase) or (isinstance(module, nn.MultiheadAttention)
-                                                  and module.bias_k is None and not module.add_zero_attn)
+        return _recurrent(module) or (isinstance(module, nn.MultiheadAttention)
+                                      and module.bias_k is None and not module.add_zero_attn)
 
     def outputs(self, module: nn.Module, output: object, where: str) -> list[torch.Tensor]:
         """An RNN's output (a packed one as its packed data) and final states; attention's outputs."""
-        if isinstance(module, nn.RNNBase):
+        if _recurrent(module):
             out, state = output
             data = out.data if isinstance(out, PackedSequence) else out
             return [data, *(state if isinstance(state, tuple) else (state,))]
         return super().outputs(module, output, where)
 
     def check_call(self, module, args, kwargs, outputs, batch_size, where):
-        recurrent = isinstance(module, nn.RNNBase)
+        recurrent = _recurrent(module)
         if module.training and module.dropout > 0 and (not recurrent or module.num_layers > 1):
             raise UserError(f"{where}: {type(module).__name__} with dropout = {module.dropout}; its replay cannot "
                             "draw the same masks: set dropout to 0")
@@ -97,7 +111,7 @@ class Replayed(Composite):
         replay under the training forward's autocast."""
         taps = Taps(module, names)
         with torch.enable_grad(), ctx.precision.autocast(call.shapes[0][2]):
-            outputs = (_replay_rnn if isinstance(module, nn.RNNBase) else _replay_attention)(module, call, taps)
+            outputs = (_replay_rnn if _recurrent(module) else _replay_attention)(module, call, taps)
             cotangents = filled(call)
             pairs = [(o, g) for o, g in zip(outputs, cotangents) if o.requires_grad]
             grads = torch.autograd.grad([o for o, _ in pairs], [t for *_, t in taps.uses],
@@ -132,13 +146,22 @@ def _combine(module: nn.Module, uses: list, names: Sequence[str], ctx: NormConte
     for b in biases.values():
         sq = sq + b.to(sq.dtype).pow(2).sum(dim=1)
     params = dict(module.named_parameters())
+    K = getattr(module, "members", None)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         out = {n: torch.zeros_like(params[n], dtype=compute_dtype(params[n])) for n in names}
         for (name, start, stop), w in weights.items():
-            out[name][slice(start, stop)] += w.clipped(c).t()
+            rows = slice(start, stop)
+            if K:
+                out[name][:, rows] += member_weight_sums(c, w, K)
+            else:
+                out[name][rows] += w.clipped(c).t()
         for (name, start, stop), b in biases.items():
-            out[name][slice(start, stop)] += scaled_sum(c, b)
+            rows = slice(start, stop)
+            if K:
+                out[name][:, rows] += per_member(c, b, K)
+            else:
+                out[name][rows] += scaled_sum(c, b)
         return out
 
     kept = sum(w.kept_bytes + tensor_bytes(w.A, w.G) for w in weights.values()) + tensor_bytes(*biases.values())

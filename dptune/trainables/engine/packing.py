@@ -1,0 +1,160 @@
+"""Building a pack from K models of one architecture, and checking it (docs/architecture.md, "Packed trials").
+
+Each module that owns trainable parameters is replaced by its packed form (``packed_layers``), once
+per module object under every name it is registered under; a weight tied across layers (token
+embeddings and an output layer: the tie whose per-member rule ``tied_rule`` knows) stays one packed
+parameter. Before anything trains, :func:`check_members` checks the pack's invariant: every
+trainable parameter of the source is exactly one packed parameter with the member dimension.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ...errors import UserError
+from .layer_rules import BROADCAST, layer_norm_types, llama_rms_norm, own_forward
+from .packed_layers import (PACKED, PACKED_BROADCASTS, PackedConv2d, PackedEmbedding, PackedLinear,
+                            PackedMultiheadAttention, PackedNorm, PackedRNN, pack_broadcasts)
+from .tied_rule import closed_tie
+
+
+def _broadcast_owner(module: nn.Module) -> bool:
+    """``module``'s own trainable parameters are all per-example broadcasts it adds to its input."""
+    own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+    return bool(own) and set(own) <= set(BROADCAST.parameter_names(module))
+
+
+def _packed_form(module: nn.Module) -> type | None:
+    """The packed class for a module whose algebra it repeats exactly, or None."""
+    if own_forward(module, nn.Linear):
+        return PackedLinear
+    if own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros" \
+            and not isinstance(module.padding, str):
+        return PackedConv2d
+    if own_forward(module, *layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or llama_rms_norm(module):
+        return PackedNorm
+    if own_forward(module, nn.MultiheadAttention) and module.batch_first and module._qkv_same_embed_dim \
+            and module.dropout == 0 and module.bias_k is None and not module.add_zero_attn \
+            and own_forward(module.out_proj, nn.Linear):
+        return PackedMultiheadAttention
+    if own_forward(module, nn.RNN, nn.LSTM, nn.GRU) and (module.num_layers == 1 or module.dropout == 0):
+        return PackedRNN
+    if own_forward(module, nn.Embedding) and module.max_norm is None and not module.scale_grad_by_freq \
+            and not module.sparse:
+        return PackedEmbedding
+    return None
+
+
+def _owners(model: nn.Module) -> list[str]:
+    """Names of the modules that own trainable parameters directly (every name of a module
+    registered under several)."""
+    return [name for name, m in model.named_modules(remove_duplicate=False)
+            if any(p.requires_grad for p in m.parameters(recurse=False))]
+
+
+def trainable_names(model: nn.Module) -> dict[int, list[str]]:
+    """Every trainable ``Parameter`` object of ``model`` (by id) with all the names that reach it: more
+    than one when its module is registered under several names or the weight is tied across layers."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.requires_grad:
+            names.setdefault(id(p), []).append(name)
+    return names
+
+
+def _uses(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module, str]]:
+    """The distinct (module, local name) pairs through which ``names`` reach one parameter."""
+    uses: dict[tuple[int, str], tuple[nn.Module, str]] = {}
+    for name in names:
+        owner, _, local = name.rpartition(".")
+        module = model.get_submodule(owner)
+        uses.setdefault((id(module), local), (module, local))
+    return list(uses.values())
+
+
+def packing_problems(model: nn.Module) -> list[str]:
+    """Why ``model`` cannot be packed: each module owning a trainable parameter with no packed form,
+    and each weight tied across layers other than token embeddings tied to an output layer (the tie
+    the pack's rules know, ``tied_rule``). A module registered under several names is packed once."""
+    problems = [f"{name or '<root>'} ({type(model.get_submodule(name)).__name__}): no packed form"
+                for name in dict.fromkeys(_owners(model)) if _packed_form(model.get_submodule(name)) is None
+                and not _broadcast_owner(model.get_submodule(name))]
+    for names in trainable_names(model).values():
+        uses = _uses(model, names)
+        if len(uses) > 1 and not closed_tie(uses):
+            problems.append(f"{' = '.join(names)} (a weight tied across layers: a pack keeps ties only between "
+                            "token embeddings and an output layer)")
+    return problems
+
+
+def check_members(source: nn.Module, packed: nn.Module, members: int) -> None:
+    """The pack's invariant, checked before its first step: every trainable ``Parameter`` object of
+    ``source`` maps to exactly one packed parameter with the member dimension [K, *shape], under every
+    name that reaches it, and the packed model trains nothing else (a parameter left shared by the
+    members would take every member's examples while each adds noise for its own C only)."""
+    packed_params = dict(packed.named_parameters(remove_duplicate=False))
+    image: dict[int, int] = {}
+    for pid, names in trainable_names(source).items():
+        shape = tuple(source.get_parameter(names[0]).shape)
+        targets = {id(packed_params[n]) for n in names if n in packed_params}
+        ok = (len(targets) == 1 and all(n in packed_params for n in names)
+              and tuple(packed_params[names[0]].shape) == (members, *shape))
+        if not ok:
+            raise UserError(f"pack invariant: {' = '.join(names)} {shape} is not one packed parameter of shape "
+                            f"({members}, {', '.join(map(str, shape))}) in the pack")
+        image[targets.pop()] = pid
+    extra = [n for n, p in packed_params.items() if p.requires_grad and id(p) not in image]
+    if extra or len(image) != len(trainable_names(source)):
+        raise UserError(f"pack invariant: trainable parameters that belong to no single member: "
+                        f"{', '.join(extra) or 'two source parameters share one packed parameter'}")
+
+
+def pack_models(models: Sequence[nn.Module]) -> nn.Module:
+    """One packed model from K models of the same architecture (their weights become the members').
+    Frozen modules are shared (taken from the first model). Refuses, naming them, the modules that
+    own a trainable parameter and have no packed form, and parameters reached under several names;
+    then checks the pack's invariant (:func:`check_members`) before anything trains."""
+    problems = packing_problems(models[0])
+    if problems:
+        raise UserError(f"model cannot be packed: {'; '.join(problems)}; set search.pack: off to train its configurations apart")
+    packed = copy.deepcopy(models[0])
+    done: dict[int, nn.Module] = {}   # a source module → its packed form, set under each of its names
+    for name in _owners(models[0]):
+        layers = [m.get_submodule(name) for m in models]
+        if id(layers[0]) not in done:
+            form = _packed_form(layers[0])
+            if form is None:   # a broadcast owner (packing_problems refused every other): packed in place
+                pack_broadcasts(packed.get_submodule(name), layers)
+                done[id(layers[0])] = packed.get_submodule(name)
+                continue
+            done[id(layers[0])] = form(layers)
+        parent, _, leaf = name.rpartition(".")
+        setattr(packed.get_submodule(parent) if parent else packed, leaf, done[id(layers[0])])
+    _retie(models[0], packed)
+    check_members(models[0], packed, len(models))
+    return packed
+
+
+def _retie(source: nn.Module, packed: nn.Module) -> None:
+    """A weight tied across layers in ``source`` is one packed parameter in ``packed``: the first
+    name's stack, set under every other name (each layer stacked its own copy)."""
+    for names in trainable_names(source).values():
+        first = packed.get_parameter(names[0])
+        for name in names[1:]:
+            owner, _, local = name.rpartition(".")
+            setattr(packed.get_submodule(owner), local, first)
+
+
+def load_member(packed: nn.Module, model: nn.Module, k: int) -> nn.Module:
+    """Copy member ``k``'s weights into ``model`` (an unpacked model of the same architecture)."""
+    with torch.no_grad():
+        for name, m in packed.named_modules():
+            if isinstance(m, PACKED) or hasattr(m, PACKED_BROADCASTS):
+                target = model.get_submodule(name)
+                for local, p in m.named_parameters(recurse=False):
+                    if isinstance(m, PACKED) or local in getattr(m, PACKED_BROADCASTS):
+                        getattr(target, local).copy_(p[k])
+    return model
