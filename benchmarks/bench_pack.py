@@ -10,7 +10,7 @@ configurations that differ in C, σ and η:
 - fractional (``--processes``): K processes started together, each training its own model, as Ray
   Tune's fractional GPUs (``gpu: 1/K``) run K trials on one device; timed from a shared barrier to the
   last process's end;
-- pack: one packed model (dptune.trainables.engine.packed_layers) with PackedDPEngine and
+- pack: one packed model (dptune.trainables.engine.packing) with DPEngine(members=K) and
   PackedOptimizer, every member on the same batch.
 
 The figure is configuration-steps per second: K / (time of one step of all K). "non-private" is one
@@ -47,7 +47,7 @@ from common import CASES, DEFAULT_DEVICE, Case, build_case
 from dptune.trainables import DPEngine
 from dptune.trainables.engine.batching import model_outputs
 from dptune.trainables.engine.packing import pack_models
-from dptune.trainables.engine.packed_step import PackedDPEngine, PackedOptimizer
+from dptune.trainables.engine.optimizers import PackedOptimizer
 
 warnings.filterwarnings("ignore")
 LOSS = nn.CrossEntropyLoss(reduction="none")
@@ -103,8 +103,8 @@ def separate_step(model: nn.Module, inputs, targets, k: int, loss=LOSS):
 def pack_step(model: nn.Module, inputs, targets, members: int, loss=LOSS):
     packed = pack_models([model] * members)
     clips, sigmas, lrs = zip(*(settings(k) for k in range(members)))
-    engine = PackedDPEngine(packed, loss, members=members, clip_bounds=clips, noise_multipliers=sigmas,
-                            expected_batch_size=len(targets))
+    engine = DPEngine(packed, loss, members=members, clip_bound=clips, noise_multiplier=sigmas,
+                      expected_batch_size=len(targets))
     opt = PackedOptimizer(torch.optim.SGD([p for p in packed.parameters() if p.requires_grad], lr=1.0), lrs,
                           engine.active)
 

@@ -14,7 +14,6 @@ import torch
 from common import DEFAULT_DEVICE, build_case
 from dptune.trainables import DPEngine
 from dptune.trainables.engine.packing import pack_models
-from dptune.trainables.engine.packed_step import PackedDPEngine
 from dptune.trainables.engine.randomness import SeededStream
 
 LOSS = torch.nn.CrossEntropyLoss(reduction="none")
@@ -37,9 +36,9 @@ def main() -> None:
                     if p.requires_grad:
                         p.add_(0.01 * k * torch.randn_like(p))
         packed = pack_models(models)
-        engine = PackedDPEngine(packed, LOSS, members=len(models), clip_bounds=[c for c, _ in SETTINGS],
-                                noise_multipliers=[s for _, s in SETTINGS], expected_batch_size=args.batch,
-                                noise=SeededStream(1, "noise", device))
+        engine = DPEngine(packed, LOSS, members=len(models), clip_bound=[c for c, _ in SETTINGS],
+                          noise_multiplier=[s for _, s in SETTINGS], expected_batch_size=args.batch,
+                          generator=SeededStream(1, "noise", device))
         stats = engine.private_gradient(x, y)
         worst_norm = worst_grad = 0.0
         for k, (m, (clip, sigma)) in enumerate(zip(models, SETTINGS)):

@@ -4,7 +4,8 @@ Configurations of a sweep that share the data, the model, B, the seed and the nu
 the same Poisson batches (reproducible mode draws them from the seed) and start from the same
 weights. :class:`PackTrainer` trains them together: one sampler, one forward and one backward of
 the packed model per step (:mod:`.engine.packed_layers`), each member with its own weights,
-optimizer state, clip bound, σ and η (:mod:`.engine.packed_step`). Each member's trajectory is the
+optimizer state, clip bound, σ and η (:class:`.engine.dp_engine.DPEngine` with ``members``,
+:class:`.engine.optimizers.PackedOptimizer`). Each member's trajectory is the
 one its configuration has trained alone (``Trainer``) — the same batches, initial weights and noise
 — up to floating-point rounding; its epoch metrics are computed by the same code, on an unpacked
 copy of its weights. One exception: dropout masks (a model trained with dropout) are drawn for all
@@ -28,10 +29,10 @@ from ..schema.trial import PACK_MEMBER_FIELDS
 from .data.splits import DatasetSplits, take
 from .engine.batching import to_device
 from .engine.book_keeping import free_memory
-from .engine.optimizers import make_optimizer
+from .engine.dp_engine import DPEngine
+from .engine.optimizers import PackedOptimizer, make_optimizer
 from .engine.pack_memory import MEMORY_SHARE, estimate
 from .engine.packing import load_member, pack_models, packing_problems
-from .engine.packed_step import PackedDPEngine, PackedOptimizer
 from .training import Trainer, divergence, epoch_epsilons, norm_metrics, plan_privacy
 
 
@@ -85,11 +86,11 @@ class PackTrainer:
         self.rows_per_pass = self._rows_per_pass(memory_budget)
         self.plans = [self.lead.plan] + [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs[1:]]   # σ once each
         self.model = pack_models([self.lead.model] * self.members)
-        self.engine = PackedDPEngine(
-            self.model, self.lead.task.loss, members=self.members, clip_bounds=[c.clip_bound for c in self.cfgs],
-            noise_multipliers=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
+        self.engine = DPEngine(
+            self.model, self.lead.task.loss, members=self.members, clip_bound=[c.clip_bound for c in self.cfgs],
+            noise_multiplier=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
             norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
-            max_physical_batch_size=self.rows_per_pass, noise=self.lead.streams["noise"],
+            max_physical_batch_size=self.rows_per_pass, generator=self.lead.streams["noise"],
             shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"], precision=lead.precision)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = PackedOptimizer(

@@ -16,7 +16,6 @@ from dptune.schema import TrainConfig
 from dptune.trainables import DPEngine
 from dptune.trainables.engine.pack_memory import optimizer_slots
 from dptune.trainables.engine.packing import pack_models, packing_problems
-from dptune.trainables.engine.packed_step import PackedDPEngine
 from dptune.trainables.engine.randomness import SeededStream
 from dptune.trainables.models.catalog import create_model
 from dptune.trainables.pack_training import PackTrainer
@@ -198,10 +197,10 @@ def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
     sketch = 4 if estimator == "hutchinson" else None
     loss = completion_nll if name in ("llama_lora", "qwen2_full", "llama_full") else LOSS
     packed = pack_models(models)
-    engine = PackedDPEngine(packed, loss, members=len(models), clip_bounds=[c for c, _ in settings],
-                            noise_multipliers=[s for _, s in settings], expected_batch_size=4.0,
-                            norm_estimator=estimator, sketch_k=sketch, noise=SeededStream(7, "noise", CPU),
-                            probes=SeededStream(7, "probes", CPU), max_physical_batch_size=len(models) * 4)
+    engine = DPEngine(packed, loss, members=len(models), clip_bound=[c for c, _ in settings],
+                      noise_multiplier=[s for _, s in settings], expected_batch_size=4.0,
+                      norm_estimator=estimator, sketch_k=sketch, generator=SeededStream(7, "noise", CPU),
+                      probes=SeededStream(7, "probes", CPU), max_physical_batch_size=len(models) * 4)
     alone = [DPEngine(m, loss, clip_bound=c, noise_multiplier=s, expected_batch_size=4.0, norm_estimator=estimator,
                       sketch_k=sketch, generator=SeededStream(7, "noise", CPU), probes=SeededStream(7, "probes", CPU))
              for m, (c, s) in zip(models, settings)]

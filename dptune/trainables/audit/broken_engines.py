@@ -1,7 +1,7 @@
 """Deliberately broken DP engines: the audit's known answers (``dptune audit --broken NAME``).
 
-Each entry changes one part of a built :class:`~dptune.trainables.engine.dp_engine.DPEngine` (or of a pack's
-:class:`~dptune.trainables.engine.packed_step.PackedDPEngine`, but ``realised_batch``) the way a real bug would, so
+Each entry changes one part of a built :class:`~dptune.trainables.engine.dp_engine.DPEngine` (a single model's
+or a pack's, but ``realised_batch``: a single model's) the way a real bug would, so
 that an audit of it should find an ε lower bound above the accountant's ε. They exist to show that
 the audit (:mod:`.run`) can fail: run on a correct engine, it must stay below. Never train with
 them.
@@ -19,46 +19,39 @@ import torch
 from ...errors import UserError
 from ...registry import Registry
 from ..engine.dp_engine import DPEngine, Sums
-from ..engine.packed_step import PackedDPEngine
 
 BROKEN: Registry = Registry("broken engine")
 
 
-def _noise_source(engine: DPEngine | PackedDPEngine) -> object:
-    """What draws the engine's ξ (its ``standard_normal``): a single engine's noise part, or the pack's engine."""
-    return engine.noise if isinstance(engine, DPEngine) else engine
-
-
 @BROKEN.register("noise_div10")
-def noise_div10(engine: DPEngine | PackedDPEngine) -> None:
-    source = _noise_source(engine)
-    draw = source.standard_normal
-    source.standard_normal = lambda like: draw(like) / 10
+def noise_div10(engine: DPEngine) -> None:
+    draw = engine.noise.standard_normal
+    engine.noise.standard_normal = lambda like: draw(like) / 10
 
 
 @BROKEN.register("clip_10x")
-def clip_10x(engine: DPEngine | PackedDPEngine) -> None:
+def clip_10x(engine: DPEngine) -> None:
     factors = engine._factors   # flat clipping at C of n/10 is clipping at 10·C of n
     engine._factors = lambda norms: factors(norms / 10)
 
 
 @BROKEN.register("realised_batch")
 def realised_batch(engine: DPEngine) -> None:
-    if not isinstance(engine, DPEngine):
+    if engine.packed:
         raise UserError("broken engine realised_batch: a single trial's engine only")
-    clipped_sum, realised = engine.clipped_sum, [1]
+    clipped_sums, realised = engine._clipped_sums, [1]   # what private_gradient calls
 
     def counted(inputs: object, targets: torch.Tensor) -> tuple[Sums, torch.Tensor]:
         realised[0] = max(len(targets), 1)
-        return clipped_sum(inputs, targets)
+        return clipped_sums(inputs, targets)
 
-    engine.clipped_sum = counted
+    engine._clipped_sums = counted
     engine.normalise = lambda noisy: {n: s / (realised[0] * engine.clip_bound) for n, s in noisy.items()}
 
 
 @BROKEN.register("reused_noise")
-def reused_noise(engine: DPEngine | PackedDPEngine) -> None:
-    source = _noise_source(engine)
+def reused_noise(engine: DPEngine) -> None:
+    source = engine.noise
     draw, first = source.standard_normal, {}
 
     def reused(like: torch.Tensor) -> torch.Tensor:   # the first draw of each shape, at every step

@@ -43,6 +43,18 @@ def micro_batches(inputs: Inputs, targets: torch.Tensor, size: int | None) -> It
         yield slice_batch(inputs, start, start + size), targets[start:start + size]
 
 
+def repeat_rows(inputs: Inputs, members: int) -> Inputs:
+    """The batch once per member of a pack, member-major (row k·b + i is example i)."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.repeat(members, *(1,) * (inputs.dim() - 1))
+    return {k: repeat_rows(v, members) for k, v in inputs.items()}
+
+
+def members_shape(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A pack's [K] vector shaped to broadcast over [K, *shape]."""
+    return value.reshape(-1, *(1,) * (like.dim() - 1)).to(like.dtype)
+
+
 def model_outputs(model: Callable[..., object], inputs: Inputs) -> torch.Tensor:
     """Call ``model`` (a module or a functional call) on a tensor or on keyword tensors; return
     the logits (HF outputs carry them in ``.logits``)."""

@@ -5,6 +5,17 @@
 over the trainable parameters only, with B the *expected* batch size. The result does not depend
 on how the logical batch is split into physical micro-batches. The optimizer then steps with ĝ.
 
+The same engine computes it for a pack (``members`` K: a model built by :func:`.packing.pack_models`,
+whose parameters carry a leading member dimension): member k with clip bound C_k and noise
+multiplier σ_k gets
+
+    ĝ_k = (Σ_i c_ki g_ki + σ_k C_k ξ_k) / (B C_k),   c_ki = clip_fn(n_ki, C_k)
+
+where n_ki is example i's norm under member k's weights — every member sees the same Poisson batch,
+repeated once per member (row k·b + i). A single model is the case K = 1 without the member
+dimension: the clipping factors, the exclusion of non-finite examples, the noise and the
+normalisation are one code path, written over the members' vectors [K].
+
 The engine is a sequence of named, swappable parts, each usable and testable alone:
 
 1. **per-sample norms and clipped sums** (``norm_estimator``: a ``NORM_ENGINES`` entry, e.g. the
@@ -32,7 +43,7 @@ from torch import nn
 
 from ...errors import UserError
 from ...privacy.validation import check_estimator
-from .batching import Inputs, batch_len, micro_batches, select_rows
+from .batching import Inputs, batch_len, members_shape, micro_batches, repeat_rows, select_rows
 from ...schema import check_option
 from .noise import GaussianNoise
 from .per_sample import LossFn, check_model, trainable_parameters
@@ -86,29 +97,55 @@ class DPEngine:
     stream, a torch generator or None), ``denoise`` (a name or a post-processor),
     ``diagnostics`` (names or objects, NOT private), ``all_reduce`` (W data-parallel workers,
     :mod:`.distributed`: sums the workers' clipped sums before the noise, which every worker then
-    draws identically: noise added once). ``max_physical_batch_size`` bounds the micro-batches.
+    draws identically: noise added once). ``max_physical_batch_size`` bounds the micro-batches (a
+    pack's: the rows of one packed pass, K times the examples).
     ``precision`` (fp32, bf16, fp16: :mod:`.precision`) autocasts the forward and backward only;
     norms, factors, clipped sums and noise stay in float32 or wider.
+
+    A pack: ``members`` K, ``clip_bound`` and ``noise_multiplier`` one per member; ``shared_noise``
+    draws one ξ per parameter and step for all members (reproducible runs: exactly the noise each
+    member draws alone from the same seed), else each member its own (secure runs). A retired member
+    (:meth:`retire`) contributes no rows, gets no noise and no step. Denoising and diagnostics
+    observe a single model's step only.
     """
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn, *, clip_bound: float, noise_multiplier: float,
-                 expected_batch_size: float, norm_estimator: str | object = "exact", sketch_k: int | None = None,
+    def __init__(self, model: nn.Module, loss_fn: LossFn, *, clip_bound: float | Sequence[float],
+                 noise_multiplier: float | Sequence[float], expected_batch_size: float,
+                 norm_estimator: str | object = "exact", sketch_k: int | None = None,
                  denoise: str | object | None = None, clip_fn: str = "flat",
-                 max_physical_batch_size: int | None = None, generator: torch.Generator | None = None,
+                 max_physical_batch_size: int | None = None, generator: Stream | torch.Generator | None = None,
                  noise: Callable[[Sums], Sums] | None = None, diagnostics: Sequence[str | object] = (),
                  probes: Stream | torch.Generator | None = None,
-                 all_reduce: Callable[[Sums], Sums] | None = None, precision: str = "fp32") -> None:
-        for name, value in (("clip_bound", clip_bound), ("noise_multiplier", noise_multiplier),
-                            ("clip_fn", clip_fn), ("max_physical_batch_size", max_physical_batch_size),
+                 all_reduce: Callable[[Sums], Sums] | None = None, precision: str = "fp32",
+                 members: int | None = None, shared_noise: bool = True) -> None:
+        self.packed = members is not None
+        bounds = list(clip_bound) if self.packed else [clip_bound]
+        sigmas = list(noise_multiplier) if self.packed else [noise_multiplier]
+        self.members = members if self.packed else 1
+        if len(bounds) != self.members or len(sigmas) != self.members:
+            raise UserError(f"a pack of {members} members needs {members} clip bounds and noise multipliers; "
+                            f"got {len(bounds)} and {len(sigmas)}")
+        for c, s in zip(bounds, sigmas):
+            check_option("clip_bound", c)   # the trainer's own rule for each (dptune/schema/trial.py)
+            check_option("noise_multiplier", s)
+        for name, value in (("clip_fn", clip_fn), ("max_physical_batch_size", max_physical_batch_size),
                             ("precision", precision)):
-            check_option(name, value)   # the trainer's own rule for each (dptune/schema/trial.py)
+            check_option(name, value)
         if not expected_batch_size > 0:
             raise UserError(f"expected_batch_size must be > 0; got {expected_batch_size!r}")
+        if self.packed and (denoise is not None or diagnostics):
+            raise UserError("denoising and diagnostics observe a single model's step; they are not supported in a pack")
         check_model(model)
         self.model = model
         self.params = trainable_parameters(model)
-        self.clip_bound = float(clip_bound)
-        self.noise_multiplier = float(noise_multiplier)
+        # the members' vectors live on the model's device: no host-to-device copy (a synchronisation) per step
+        device = next(iter(self.params.values())).device
+        self.clip_bounds = torch.tensor([float(c) for c in bounds], dtype=torch.float64, device=device)
+        self.noise_multipliers = torch.tensor([float(s) for s in sigmas], dtype=torch.float64, device=device)
+        self.active = torch.ones(self.members, dtype=torch.bool, device=device)
+        #: a single model's C and σ (None in a pack: see ``clip_bounds``, ``noise_multipliers``)
+        self.clip_bound = None if self.packed else float(clip_bound)
+        self.noise_multiplier = None if self.packed else float(noise_multiplier)
         self.expected_batch_size = float(expected_batch_size)
         self.clip = CLIP_FNS.get(clip_fn)
         self.max_physical_batch_size = max_physical_batch_size
@@ -120,7 +157,9 @@ class DPEngine:
                             "object runs its own forward")
         self.norms = norm_estimator
         self.probes = probes
-        self.noise = noise or GaussianNoise(self.noise_multiplier * self.clip_bound, generator)
+        stds = self.noise_multipliers * self.clip_bounds   # σ_k C_k
+        self.noise = noise or (GaussianNoise(stds, generator, shared=shared_noise) if self.packed
+                               else GaussianNoise(self.noise_multiplier * self.clip_bound, generator))
         self.all_reduce = all_reduce
         self.denoiser = DENOISERS.get(denoise)() if isinstance(denoise, str) else denoise
         self.denoised = self.denoiser.matrices(self.params) if self.denoiser is not None else []
@@ -130,7 +169,7 @@ class DPEngine:
 
     @property
     def noise_std(self) -> float:
-        """The noise std of each entry of ĝ: σ/B."""
+        """The noise std of each entry of a single model's ĝ: σ/B."""
         return self.noise_multiplier / self.expected_batch_size
 
     @property
@@ -138,40 +177,59 @@ class DPEngine:
         """The post-processors and diagnostics, whose step statistics the trainer aggregates per epoch."""
         return ([self.denoiser] if self.denoiser is not None else []) + self.diagnostics
 
+    def retire(self, k: int) -> None:
+        """Member ``k`` of a pack stops: from now on it gets no gradient (and the optimizer leaves it as it is)."""
+        self.active[k] = False
+
     def private_gradient(self, inputs: Inputs, targets: torch.Tensor) -> dict:
-        """Set ``.grad`` of every trainable parameter to ĝ for this logical batch.
+        """Set ``.grad`` of every trainable parameter to ĝ for this logical batch (in a pack, each
+        member's slice to its ĝ_k).
 
         The parts in order: clipped sum → all-reduce → noise → normalise → post-processors.
         Returns ``norms`` (per-sample norms used for clipping; NaN or inf for an example that
         contributed nothing), ``clipped_fraction``, ``batch_size`` (realised) and ``nonfinite``
-        (examples whose norm was not finite) — non-private diagnostics — and each post-processor's
-        and diagnostic's statistics under its ``key``.
+        (examples whose norm was not finite) — non-private diagnostics; in a pack ``norms`` [K, b]
+        and the others per member [K] — and each post-processor's and diagnostic's statistics under its ``key``.
         """
-        sums, norms = self.clipped_sum(inputs, targets)
+        sums, norms = self._clipped_sums(inputs, targets)
         if self.all_reduce is not None:  # W workers: Σ over their clipped sums, before the one noise draw
             sums = self.all_reduce(sums)
         private = self.normalise(self.noise(sums))
-        step = DPStep(sums, private, private, noise_std=self.noise_std, scale=self.scale)
+        step = DPStep(sums, private, private)
+        if not self.packed:
+            step.noise_std, step.scale = self.noise_std, self.scale
         if self.denoiser is not None:
             step.gradient, step.post[self.denoiser.key] = self.denoiser(private, self.noise_std, self.denoised)
         for name, p in self.params.items():
             p.grad = step.gradient[name].to(p.dtype)
-        finite = norms[torch.isfinite(norms)]
-        stats = {"norms": norms, "batch_size": int(norms.numel()), "nonfinite": int(norms.numel() - finite.numel()),
-                 "clipped_fraction": float((finite > self.clip_bound).float().mean()) if finite.numel() else 0.0,
-                 **step.post}
+        finite = torch.isfinite(norms)
+        over = (norms > self.clip_bounds.to(norms.dtype)[:, None]) & finite
+        nonfinite, clipped = (~finite).sum(dim=1), over.sum(dim=1) / finite.sum(dim=1).clamp_min(1)
+        if self.packed:
+            stats = {"norms": norms, "batch_size": int(norms.shape[1]), "nonfinite": nonfinite,
+                     "clipped_fraction": clipped}
+        else:
+            stats = {"norms": norms[0], "batch_size": int(norms.shape[1]), "nonfinite": int(nonfinite[0]),
+                     "clipped_fraction": float(clipped[0]), **step.post}
         for diagnostic in self.diagnostics:   # NOT private: they may read the clipped sum before noise
             stats[diagnostic.key] = diagnostic.observe(step)
         return stats
 
     def clipped_sum(self, inputs: Inputs, targets: torch.Tensor) -> tuple[Sums, torch.Tensor]:
         """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) over the logical batch, one
-        physical micro-batch at a time (the result does not depend on the split).
+        physical micro-batch at a time (the result does not depend on the split); a pack's norms
+        are [K, b] and its sums [K, *shape], member k's in row k."""
+        sums, norms = self._clipped_sums(inputs, targets)
+        return sums, norms if self.packed else norms[0]
 
-        An example whose norm is not finite (a NaN or an overflow in its gradient) contributes
-        nothing: its micro-batch is computed again without it, so it enters no product (0·NaN is
-        NaN), and whether a step succeeds never depends on one example. Its norm is returned as is,
-        so the caller can count it."""
+    def _clipped_sums(self, inputs: Inputs, targets: torch.Tensor) -> tuple[Sums, torch.Tensor]:
+        """:meth:`clipped_sum` with the norms always [K, b] (K = 1 for a single model).
+
+        An example whose norm is not finite for member k (a NaN or an overflow in its gradient)
+        contributes nothing to member k: the micro-batch is computed again without it, and member k's
+        sums taken from that pass, so it enters no product (0·NaN is NaN), and whether a step succeeds
+        never depends on one example. Its norm is returned as is, so the caller can count it."""
+        K = self.members
         # in at least float32, whatever the parameters' dtype (noise is added to them: noise.py)
         dtypes = {n: torch.promote_types(p.dtype, torch.float32) for n, p in self.params.items()}
         sums: Sums = {}
@@ -179,28 +237,47 @@ class DPEngine:
         if self.probes is not None and hasattr(self.norms, "start_step"):  # probes per (step, layer)
             self.norms.start_step(self.probes.seed() if isinstance(self.probes, Stream) else
                                   int(torch.randint(1 << 62, (1,), generator=self.probes, device=self.probes.device)))
+        per_pass = None if self.max_physical_batch_size is None else max(1, self.max_physical_batch_size // K)
         if batch_len(inputs) > 0:
-            for x, y in micro_batches(inputs, targets, self.max_physical_batch_size):
-                part, norms = self.norms.clipped_sum(x, y, self._factors)
-                finite = torch.isfinite(norms)
-                if not bool(finite.all()):
-                    keep = finite.nonzero(as_tuple=True)[0]
-                    part = self.norms.clipped_sum(select_rows(x, keep), y[keep], self._factors)[0] if len(keep) \
-                        else {}
+            for x, y in micro_batches(inputs, targets, per_pass):
+                part, norms = self._pass(x, y)
+                bad = ~torch.isfinite(norms) & self.active[:, None]
+                for k in bad.any(dim=1).nonzero(as_tuple=True)[0].tolist():   # member k, without its bad rows
+                    keep = (~bad[k]).nonzero(as_tuple=True)[0]
+                    redone = self._pass(select_rows(x, keep), y[keep])[0] if len(keep) else {}
+                    if not self.packed:
+                        part = redone
+                        continue
+                    for name in part:
+                        part[name][k] = redone[name][k] if redone else 0
                 add_sums(sums, part, dtypes)
                 all_norms.append(norms.detach())
-        norms = torch.cat(all_norms) if all_norms else torch.zeros(0, device=targets.device)
+        norms = torch.cat(all_norms, dim=1) if all_norms else torch.zeros(K, 0, device=targets.device)
         return {n: sums[n] if n in sums else torch.zeros_like(p, dtype=dtypes[n]) for n, p in self.params.items()}, norms
 
+    def _pass(self, x: Inputs, y: torch.Tensor) -> tuple[Sums, torch.Tensor]:
+        """One forward and backward of a micro-batch (a pack's: every member's rows): (sums, norms [K, b])."""
+        if self.packed:
+            x, y = repeat_rows(x, self.members), repeat_rows(y, self.members)
+        part, norms = self.norms.clipped_sum(x, y, self._factors)
+        return part, norms.reshape(self.members, -1)
+
     def _factors(self, norms: torch.Tensor) -> torch.Tensor:
-        """c_i = clip_fn(n_i, C)."""
-        return self.clip(norms, self.clip_bound)
+        """c_ki = clip_fn(n_ki, C_k); 0 for a retired member's rows and for non-finite norms (those
+        rows are done again without them: :meth:`_clipped_sums`)."""
+        rows = norms.reshape(self.members, -1)
+        c = self.clip(rows, self.clip_bounds.to(rows.dtype)[:, None]) * self.active[:, None]
+        return torch.where(torch.isfinite(c), c, torch.zeros_like(c)).reshape(-1)
 
     @property
     def scale(self) -> float:
-        """1/(B C) with B the *expected* batch size (the realised one would leak)."""
+        """A single model's 1/(B C), with B the *expected* batch size (the realised one would leak)."""
         return 1.0 / (self.expected_batch_size * self.clip_bound)
 
     def normalise(self, noisy: Sums) -> Sums:
-        """ĝ = s / (B C)."""
-        return {name: s * self.scale for name, s in noisy.items()}
+        """ĝ = s / (B C); a pack's member k by 1/(B C_k), a retired member's by 0."""
+        if not self.packed:
+            return {name: s * self.scale for name, s in noisy.items()}
+        scale = self.active / (self.expected_batch_size * self.clip_bounds)
+        return {name: s * members_shape(scale, s) for name, s in noisy.items()}
+
