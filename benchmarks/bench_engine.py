@@ -15,6 +15,7 @@ LoRA, random weights from a config).
 
 Run: python benchmarks/bench_engine.py [--cases cnn wrn16_4 vit_tiny_film minilm_lora] [--gpu-cases]
          [--batch B] [--repeats 5] [--tokens 128] [--device cpu|cuda] [--markdown]
+         [--methods non-private "dptune exact"]
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def row(label: str, batch: int, speeds: dict[str, float | str], methods: list[st
     opacus = [v for m, v in speeds.items() if m.startswith("Opacus") and not isinstance(v, str)]
     dptune = speeds.get("dptune exact", "fails: not registered")
     return [f"{label}, B={batch}", *(rate(speeds[m]) for m in methods),
-            ratio(dptune, speeds["non-private"]), ratio(dptune, max(opacus) if opacus else None)]
+            ratio(dptune, speeds.get("non-private")), ratio(dptune, max(opacus) if opacus else None)]
 
 
 def main() -> None:
@@ -62,12 +63,14 @@ def main() -> None:
     parser.add_argument("--device", default=DEFAULT_DEVICE)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--markdown", action="store_true", help="print a table ready for BENCHMARKS.md")
+    parser.add_argument("--methods", nargs="+", default=method_names(), choices=method_names(), metavar="METHOD",
+                        help=f"the methods to time (default all: {', '.join(method_names())})")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import opacus
 
     cases = args.cases + ([c for c in GPU_CASES if c not in args.cases] if args.gpu_cases else [])
-    methods = method_names()
+    methods = args.methods
     on = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, opacus {opacus.__version__}, {on}; {args.repeats} interleaved rounds, "
           f"examples/s = B / median step")

@@ -10,6 +10,7 @@ memory of a step (``peak_memory``): the CUDA allocator's on a GPU, the resident 
 step's start on CPU.
 
 Run: python benchmarks/bench_lm_step.py [--tokens 256] [--batch 4] [--repeats 3] [--peft lora full]
+         [--methods non-private "dptune exact"]
 """
 from __future__ import annotations
 
@@ -148,6 +149,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peft", nargs="+", default=["lora", "full"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, metavar="METHOD",
+                        help=f"the methods to time (default all: {', '.join(METHODS)})")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {DEVICE}, {torch.get_num_threads()} thread(s), B = {args.batch}, "
           f"median of {args.repeats} interleaved rounds")
@@ -161,14 +164,14 @@ def main() -> None:
         for tokens in args.tokens:
             x, y = batch(base, args.batch, tokens)
             steps, failed = {}, {}
-            for method in METHODS:
+            for method in args.methods:
                 try:
                     steps[method] = make_step(method, copy.deepcopy(base), x, y)
                 except Exception as exc:  # noqa: BLE001 - one method's failure must not stop the others
                     failed[method] = failure(exc)
             medians = {**interleaved_medians(steps, args.repeats), **failed}
             plain = medians.get("non-private")
-            for method in METHODS:
+            for method in args.methods:
                 value = medians[method]
                 if isinstance(value, str):
                     print(f"| SmolLM2-135M + {peft} ({trainable:,} of {total:,}) | {tokens} | {method} | {value} | | |")

@@ -17,7 +17,6 @@ A member whose loss stops being finite is recorded as diverged, with its message
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -33,7 +32,7 @@ from .engine.dp_engine import DPEngine
 from .engine.optimizers import PackedOptimizer, make_optimizer
 from .engine.pack_memory import MEMORY_SHARE, estimate
 from .engine.packing import load_member, pack_models, packing_problems
-from .training import Trainer, divergence, epoch_epsilons, norm_metrics, plan_privacy
+from .training import Trainer, divergence, epoch_epsilons, plan_privacy
 
 
 #: Training examples the memory estimate runs a forward of (:func:`.engine.pack_memory.estimate`).
@@ -96,12 +95,11 @@ class PackTrainer:
         self.optimizer = PackedOptimizer(
             make_optimizer(lead.optimizer, params, lr=1.0, momentum=lead.momentum, weight_decay=lead.weight_decay),
             [c.learning_rate for c in self.cfgs], self.engine.active)
+        # the lead's own step and epoch loop trains the pack: its model stays the unpacked copy evaluated
+        self.lead.engine, self.lead.optimizer = self.engine, self.optimizer
         self.epsilons = [epoch_epsilons(cfg, plan) for cfg, plan in zip(self.cfgs, self.plans)]
         self.histories: list[list[dict]] = [[] for _ in self.cfgs]
         self.errors: list[str | None] = [None] * self.members
-        self.step = 0
-        self.epoch = 0
-        self.train_time_s = 0.0
 
     def _rows_per_pass(self, memory_budget: float | None) -> int:
         """Measure what the pack will hold (``self.memory``) and bound the rows of one pass by the
@@ -119,8 +117,20 @@ class PackTrainer:
         return rows if cfg.max_physical_batch_size is None else min(rows, cfg.max_physical_batch_size)
 
     @property
+    def step(self) -> int:
+        return self.lead.step
+
+    @property
+    def epoch(self) -> int:
+        return self.lead.epoch
+
+    @property
+    def train_time_s(self) -> float:
+        return self.lead.train_time_s
+
+    @property
     def done(self) -> bool:
-        return self.step >= self.lead.plan.steps or not bool(self.engine.active.any())
+        return self.lead.done or not bool(self.engine.active.any())
 
     def retire(self, k: int, why: str | None = None) -> None:
         """Member ``k`` trains no more (``why``: its error, if it failed)."""
@@ -128,46 +138,23 @@ class PackTrainer:
         if why is not None:
             self.errors[k] = why
 
-    def train_step(self) -> dict:
-        """One optimizer step of every active member on one Poisson batch; the members' per-sample
-        norms stay on the device (moved once per epoch: no synchronisation per step)."""
-        lead = self.lead
-        idx = lead.sampler.sample()
-        x, y = take(lead.data.train, idx)
-        groups = lead.task.groups(y)
-        x, y = to_device(x, lead.device), y.to(lead.device)
-        self.optimizer.zero_grad(set_to_none=True)
-        stats = self.engine.private_gradient(x, y)
-        self.optimizer.step()
-        self.step += 1
-        return {"norms": stats["norms"].detach(), "groups": groups}
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """One optimizer step of every active member on one Poisson batch (the lead's step, on the
+        packed engine and optimizer): (norms [K, b] on the device, their groups, the step's statistics)."""
+        return self.lead.train_step()
 
     def run_epoch(self, progress: tqdm | None = None) -> list[dict | None]:
-        """Train to the next epoch boundary; each active member's metrics (None for a retired one)."""
-        self.epoch += 1
-        start = time.perf_counter()
-        norms, labels = [], []
-        while self.step < self.lead.epoch_ends[self.epoch - 1]:
-            result = self.train_step()
-            norms.append(result["norms"])
-            labels.append(result["groups"])
-            if progress is not None:
-                progress.update(1)
-        self.train_time_s += time.perf_counter() - start
-        all_norms = torch.cat(norms, dim=1).cpu() if norms else torch.zeros(self.members, 0)
-        all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
-        self.lead.step, self.lead.epoch = self.step, self.epoch   # what the lead's evaluation reads
+        """Train to the next epoch boundary (the lead's epoch loop); each active member's metrics, from
+        the lead's evaluation of its weights (None for a retired member)."""
+        norms, labels, _ = self.lead.train_epoch(progress)
         out: list[dict | None] = []
         for k, cfg in enumerate(self.cfgs):
             if not bool(self.engine.active[k]):
                 out.append(None)
                 continue
             load_member(self.model, self.lead.model, k)
-            metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s,
-                       "pack_members": self.members, **self.lead.evaluation(),
-                       "epsilon_spent": self.epsilons[k][self.epoch - 1],
-                       **norm_metrics(all_norms[k], all_labels, cfg.clip_bound)}
-            out.append(metrics)
+            out.append({**self.lead.epoch_metrics(norms[k], labels, cfg.clip_bound, self.epsilons[k][self.epoch - 1]),
+                        "pack_members": self.members})
         return out
 
     def fit(self, report: EpochReport | None = None, progress: tqdm | None = None, *,
@@ -221,7 +208,7 @@ class PackTrainer:
             self.lead.streams[name].load(saved)
         torch.set_rng_state(state["torch_rng"])
         self.engine.active.copy_(torch.tensor(state["active"]))
-        self.step, self.epoch, self.train_time_s = state["step"], state["epoch"], state["train_time_s"]
+        self.lead.step, self.lead.epoch, self.lead.train_time_s = state["step"], state["epoch"], state["train_time_s"]
         self.errors = list(state["errors"])
         self.histories = [list(h) for h in state["histories"]]
 

@@ -240,15 +240,18 @@ class Trainer:
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
         """One optimizer step on a Poisson batch; returns (norms, their groups: the labels of a
-        classification, the engine's step statistics) when private."""
+        classification, the engine's step statistics) when private. The norms stay on the device
+        (moved once per epoch: no synchronisation per step); a pack's are [K, b] (:mod:`.pack_training`
+        steps its packed engine and optimizer with this same step)."""
         idx = self.workers.shard(self.sampler.sample(), self.n_train)  # the global batch's part on this worker
         x, y = take(self.data.train, idx)
+        groups = self.task.groups(y)
         x, y = to_device(x, self.device), y.to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         out = None
         if self.engine is not None:
             stats = self.engine.private_gradient(x, y)
-            out = (stats["norms"].cpu(), self.task.groups(y.cpu()), stats)
+            out = (stats["norms"].detach(), groups, stats)
             self.optimizer.step()
         elif baseline_gradient(self.model, self.task.loss, x, y, self.workers, Precision(self.cfg.precision)):
             self.optimizer.step()   # non-private baseline: the mean loss over the (global) realised batch
@@ -257,8 +260,9 @@ class Trainer:
             mark("first_step")
         return out
 
-    def run_epoch(self, progress: tqdm | None = None) -> dict:
-        """Train to the end of the next epoch, evaluate, and return the epoch's metrics."""
+    def train_epoch(self, progress: tqdm | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, list]]:
+        """Train to the end of the next epoch: the steps' per-sample norms on this worker ([n], a pack's
+        [K, n]; on the CPU), their groups [n] and each engine part's step statistics by key."""
         self.epoch += 1
         start = time.perf_counter()
         norms, labels = [], []
@@ -273,17 +277,27 @@ class Trainer:
             if progress is not None:
                 progress.update(1)
         self.train_time_s += time.perf_counter() - start
-        metrics = {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s, **self.evaluation()}
-        if self.engine is not None:
-            metrics["epsilon_spent"] = self.epoch_epsilons[self.epoch - 1]
-            all_norms = torch.cat(norms) if norms else torch.zeros(0)
-            all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
-            all_norms, all_labels = self.workers.gather(all_norms), self.workers.gather(all_labels)  # all shards
-            metrics.update(norm_metrics(all_norms, all_labels, self.cfg.clip_bound))
-            for part in self.engine.parts:   # a denoiser's statistics; diagnostics (NOT private)
-                metrics.update(part.epoch_metrics(parts[part.key]))
-        else:
-            metrics["epsilon_spent"] = math.inf
+        members = () if self.engine is None or not self.engine.packed else (self.engine.members,)
+        all_norms = torch.cat(norms, dim=-1).cpu() if norms else torch.zeros(*members, 0)
+        all_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
+        return all_norms, all_labels, parts
+
+    def epoch_metrics(self, norms: torch.Tensor, labels: torch.Tensor, clip_bound: float, epsilon: float) -> dict:
+        """The metrics of an epoch that ends now, of the model as it is: the evaluation, ε spent and the
+        statistics of the epoch's per-sample norms at ``clip_bound`` (NOT private)."""
+        return {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s, **self.evaluation(),
+                "epsilon_spent": epsilon, **norm_metrics(norms, labels, clip_bound)}
+
+    def run_epoch(self, progress: tqdm | None = None) -> dict:
+        """Train to the end of the next epoch, evaluate, and return the epoch's metrics."""
+        norms, labels, parts = self.train_epoch(progress)
+        if self.engine is None:
+            return {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s, **self.evaluation(),
+                    "epsilon_spent": math.inf}
+        norms, labels = self.workers.gather(norms), self.workers.gather(labels)  # all shards
+        metrics = self.epoch_metrics(norms, labels, self.cfg.clip_bound, self.epoch_epsilons[self.epoch - 1])
+        for part in self.engine.parts:   # a denoiser's statistics; diagnostics (NOT private)
+            metrics.update(part.epoch_metrics(parts[part.key]))
         return metrics
 
     def evaluation(self) -> dict:

@@ -280,6 +280,20 @@ def test_a_pack_of_vision_transformers_trains_each_member_as_its_configuration_a
         assert histories[k][-1]["epsilon_spent"] == alone[-1]["epsilon_spent"]
 
 
+@pytest.mark.parametrize("model,options", [("mlp", {"hidden": 32}), ("cnn", {}), ("lstm", {"hidden": 8})])
+def test_a_pack_of_one_trains_as_its_configuration_alone(model, options):
+    """K = 1 (the backbones of the example specs, reproducible mode): the packed model on the one engine
+    ends where the single trial does — weights, every epoch's test metrics, clipped fraction and ε."""
+    cfg = TrainConfig(**{**digits(**MEMBERS[1]).to_dict(), "model": model, "model_options": options})
+    histories, lone = pack_and_alone([cfg])
+    assert len(histories[0]) == len(lone[0]) == 2
+    for mine, theirs in zip(histories[0], lone[0]):
+        assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=1 / 360)
+        assert mine["test_loss"] == pytest.approx(theirs["test_loss"], rel=1e-4)
+        assert mine["clipped_fraction"] == pytest.approx(theirs["clipped_fraction"], abs=2e-3)
+        assert mine["epsilon_spent"] == theirs["epsilon_spent"]
+
+
 def test_a_pack_of_lstms_trains_each_member_as_its_configuration_alone():
     """The registry's LSTM over image rows (two layers, both directions) for one epoch: each member's
     weights, ε and test accuracy equal its configuration's own Trainer's."""

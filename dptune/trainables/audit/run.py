@@ -11,6 +11,9 @@ too little noise, clips too loosely or reuses its noise gives a bound above it
 
 The audit trains on private data and its canaries; its scores and bound are about the run's
 mechanism. It releases nothing of the data.
+
+It steps the trial's own trainer (``Trainer.train_step``: the step of every trial, a pack's too) to
+T but not through ``fit``, whose per-epoch evaluation it has no use for and would only slow it down.
 """
 from __future__ import annotations
 
