@@ -447,7 +447,7 @@ def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_on
 
 
 #: Inputs each packable backbone is built for (the shape its registry entry is given by the trainer).
-PACKABLE_INPUTS = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lstm": (1, 8, 8), "wrn16_4": (3, 32, 32), "vit": (3, 8, 8), "all-MiniLM-L6-v2": (16,),
+PACKABLE_INPUTS = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "wrn16_4": (3, 32, 32), "vit": (3, 8, 8), "all-MiniLM-L6-v2": (16,),
                    "smollm2-135m": (16,)}
 
 
