@@ -112,6 +112,35 @@ class TiedWeights(nn.Module):
         return self.out(torch.tanh(self.emb(ids))).mean(dim=1)
 
 
+class GroupedConv(nn.Module):
+    """A convolution, a depthwise one (groups = channels) and a grouped one (2 groups), then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.grouped = nn.Conv2d(4, 6, 3, stride=2, groups=2, bias=False)
+        self.head = nn.Linear(6 * 3 * 3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.depthwise(torch.tanh(self.conv(x))))
+        return self.head(torch.tanh(self.grouped(h)).flatten(1))
+
+
+class Conv1DNet(nn.Module):
+    """transformers' Conv1D (GPT-2's linear maps, weight stored [in, out]) over a sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers.pytorch_utils import Conv1D
+
+        self.inner = Conv1D(8, 5)   # (out, in)
+        self.outer = Conv1D(3, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outer(torch.tanh(self.inner(x))).mean(dim=1)
+
+
 class TiedLinears(nn.Module):
     """Two linear layers sharing one weight: a tie the pack has no per-member rule for."""
 
@@ -139,6 +168,10 @@ def case(name: str, seed: int):
                             bidirectional=True).double(), torch.randn(6, 1, 6, 4, dtype=torch.float64), y
     if name == "gru_lstm":
         return Recurrent().double(), torch.randn(6, 7, 4, dtype=torch.float64), y
+    if name == "grouped_conv":
+        return GroupedConv().double(), torch.randn(6, 1, 8, 8, dtype=torch.float64), y
+    if name == "conv1d":
+        return Conv1DNet().double(), torch.randn(6, 4, 5, dtype=torch.float64), y
     if name == "shared":
         return SharedModule().double(), torch.randn(6, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1, 0])
     if name == "tied":
@@ -181,7 +214,8 @@ SETTINGS = [(0.05, 1.0), (0.3, 0.5), (5.0, 2.0)]   # (C, σ) per member: mostly 
 
 @pytest.mark.parametrize("estimator", ["exact", "hutchinson"])
 @pytest.mark.parametrize("name", ["cnn", "norm_mlp", "rms_mlp", "bag", "minilm_lora", "llama_lora", "qwen2_full",
-                                  "vit_full", "vit_tv", "lstm", "gru_lstm", "shared", "tied", "llama_full"])
+                                  "vit_full", "vit_tv", "lstm", "gru_lstm", "shared", "tied", "llama_full",
+                                  "grouped_conv", "conv1d"])
 def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
     """Members with different weights, C and σ: per-sample norms and ĝ_k (same noise and probe
     streams) equal those of DPEngine on each member's own model, over two steps."""

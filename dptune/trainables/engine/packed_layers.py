@@ -61,9 +61,24 @@ class PackedLinear(nn.Module):
         return member_linear(x, self.weight, self.bias)
 
 
+class PackedConv1D(PackedLinear):
+    """K ``Conv1D`` layers of transformers (GPT-2's linear maps, their weight stored [in, out]): weight
+    [K, in, out], bias [K, out]; y_k = x_k W_k + b_k by one ``bmm``."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        nn.Module.__init__(self)
+        self.members = len(layers)
+        self.in_features, self.out_features = layers[0].weight.shape
+        self.weight = _stack(layers, "weight")
+        self.bias = _stack(layers, "bias")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return member_linear(x, self.weight.transpose(1, 2), self.bias)
+
+
 class PackedConv2d(nn.Module):
-    """K ``nn.Conv2d`` layers (zero padding, groups = 1) as one convolution with K groups: the K
-    members' rows side by side in the channels."""
+    """K ``nn.Conv2d`` layers (zero padding; g groups each, depthwise included) as one convolution with
+    K·g groups: the K members' rows side by side in the channels, member k's group j the packed group k·g + j."""
 
     def __init__(self, layers: Sequence[nn.Conv2d]) -> None:
         super().__init__()
@@ -71,7 +86,7 @@ class PackedConv2d(nn.Module):
         self.members = len(layers)
         self.kernel_size, self.stride, self.padding, self.dilation = (first.kernel_size, first.stride,
                                                                       first.padding, first.dilation)
-        self.groups = 1   # each member's own convolution (the packed forward groups the K members)
+        self.groups = first.groups   # a member's own groups (the packed forward groups the K members besides)
         self.weight = _stack(layers, "weight")  # [K, out, in, kh, kw]
         self.bias = _stack(layers, "bias")
 
@@ -80,7 +95,8 @@ class PackedConv2d(nn.Module):
         b = x.shape[0] // K
         side = x.reshape(K, b, *x.shape[1:]).transpose(0, 1).reshape(b, K * x.shape[1], *x.shape[2:])
         y = F.conv2d(side, self.weight.reshape(-1, *self.weight.shape[2:]),
-                     None if self.bias is None else self.bias.reshape(-1), self.stride, self.padding, self.dilation, K)
+                     None if self.bias is None else self.bias.reshape(-1), self.stride, self.padding, self.dilation,
+                     K * self.groups)
         return y.reshape(b, K, -1, *y.shape[2:]).transpose(0, 1).reshape(K * b, -1, *y.shape[2:])
 
 
@@ -240,7 +256,7 @@ def _attention_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tens
     return mask
 
 
-PACKED = (PackedLinear, PackedConv2d, PackedNorm, PackedEmbedding, PackedMultiheadAttention, PackedRNN)
+PACKED = (PackedLinear, PackedConv1D, PackedConv2d, PackedNorm, PackedEmbedding, PackedMultiheadAttention, PackedRNN)
 #: Set on a module of a pack whose own trainable parameters are per-example broadcasts (a ViT's class
 #: token and position embedding, ``layer_rules.Broadcast``): the names stacked over the members.
 PACKED_BROADCASTS = "packed_broadcasts"

@@ -16,7 +16,7 @@ from torch import nn
 from .layer_rules import (Broadcast, Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, WeightGrads, compute_dtype,
                           embedding_clipped, embedding_sq_norms, linear_weight_grads, prefer_ghost, scaled_rows,
                           tensor_bytes, unfold_patches, weight_and_bias, wide)
-from .packed_layers import (PACKED_BROADCASTS, PackedConv2d, PackedEmbedding, PackedLinear, PackedMultiheadAttention,
+from .packed_layers import (PACKED_BROADCASTS, PackedConv1D, PackedConv2d, PackedEmbedding, PackedLinear, PackedMultiheadAttention,
                             PackedNorm, by_member)
 
 
@@ -61,7 +61,9 @@ def _packed_weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor,
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         out = {}
         if weight is not None:
-            out[prefix + "weight"] = member_weight_sums(c, weight, K).reshape(getattr(module, prefix + "weight").shape)
+            sums = member_weight_sums(c, weight, K)   # [K, p, d]; a Conv1D stores its weight [K, d, p]
+            sums = sums.transpose(1, 2) if isinstance(module, PackedConv1D) else sums
+            out[prefix + "weight"] = sums.reshape(getattr(module, prefix + "weight").shape)
         if bias is not None:
             out[prefix + "bias"] = per_member(c, bias, K)
         return out
@@ -71,7 +73,7 @@ def _packed_weight_and_bias(module: nn.Module, A: torch.Tensor, G: torch.Tensor,
 
 
 class PackedLinearRule(Rule):
-    """``PackedLinear``: the linear rule per row, the clipped weight sums by one ``bmm``."""
+    """``PackedLinear`` (and ``PackedConv1D``): the linear rule per row, the clipped weight sums by one ``bmm``."""
 
     name = "packed linear"
 
@@ -142,7 +144,8 @@ class PackedAttentionRule(Rule):
 
 class PackedConv2dRule(Rule):
     """``PackedConv2d``: per-row weight gradients by the unpacked convolution rule's forms (the rows
-    folded into groups; unfolded grams; the unfolded linear form for randomised estimators)."""
+    folded into groups; unfolded grams; the unfolded linear form for randomised estimators), each
+    where the unpacked rule takes it: a grouped convolution materialised, with exact norms."""
 
     name = "packed conv2d"
 
@@ -154,13 +157,14 @@ class PackedConv2dRule(Rule):
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         K, w = module.members, module.weight   # [K, p, C, kh, kw]
-        if ctx.estimator != "exact" and "weight" in names:
+        if ctx.estimator != "exact" and "weight" in names and module.groups == 1:
             A = torch.cat([unfold_patches(c.args[0], module).transpose(1, 2) for c in calls], dim=1)  # [K·b, L, d]
             G = torch.cat([c.grad.flatten(2).transpose(1, 2) for c in calls], dim=1)  # [K·b, L, p]
             return _packed_weight_and_bias(module, A, G, names, ctx, "packed, unfolded")
         positions = sum(c.grad[0, 0].numel() for c in calls)
         bias = sum(c.grad.sum(dim=(2, 3)) for c in calls) if "bias" in names else None  # [K·b, p]
-        ghost = "weight" in names and prefer_ghost(batch_size, positions, w[0, 0].numel(), w.shape[1], w.element_size())
+        ghost = "weight" in names and module.groups == 1 and prefer_ghost(batch_size, positions, w[0, 0].numel(),
+                                                                          w.shape[1], w.element_size())
         if not ghost:
             per_sample = {"bias": bias} if bias is not None else {}
             if "weight" in names:
@@ -179,11 +183,11 @@ class PackedConv2dRule(Rule):
         return LayerGrads(sq, clipped, "ghost (unfolded grams), packed", tensor_bytes(bias) + sum(tensor_bytes(c.grad) for c in calls))
 
     def _per_row_weight(self, module: PackedConv2d, call: Call) -> torch.Tensor:
-        """[K·b, p, C, kh, kw]: each row's weight gradient, the rows folded into groups."""
+        """[K·b, p, C/g, kh, kw]: each row's weight gradient, the rows (each of g groups) folded into groups."""
         x, g, w = call.args[0], call.grad, module.weight
         rows = x.shape[0]
         folded = self.conv._weight_grad(module, x.reshape(1, -1, *x.shape[2:]), g.reshape(1, -1, *g.shape[2:]),
-                                        rows, (rows * w.shape[1], *w.shape[2:]))
+                                        rows * module.groups, (rows * w.shape[1], *w.shape[2:]))
         return folded.reshape(rows, *w.shape[1:])
 
     def _member_weight_grad(self, module: PackedConv2d, call: Call, c: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from ...errors import UserError
-from .layer_rules import BROADCAST, layer_norm_types, llama_rms_norm, own_forward
-from .packed_layers import (PACKED, PACKED_BROADCASTS, PackedConv2d, PackedEmbedding, PackedLinear,
+from .layer_rules import BROADCAST, layer_norm_types, llama_rms_norm, loaded_class, own_forward
+from .packed_layers import (PACKED, PACKED_BROADCASTS, PackedConv1D, PackedConv2d, PackedEmbedding, PackedLinear,
                             PackedMultiheadAttention, PackedNorm, PackedRNN, pack_broadcasts)
 from .tied_rule import closed_tie
 
@@ -31,7 +31,10 @@ def _packed_form(module: nn.Module) -> type | None:
     """The packed class for a module whose algebra it repeats exactly, or None."""
     if own_forward(module, nn.Linear):
         return PackedLinear
-    if own_forward(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros" \
+    conv1d = loaded_class("transformers.pytorch_utils", "Conv1D")
+    if conv1d is not None and own_forward(module, conv1d):
+        return PackedConv1D
+    if own_forward(module, nn.Conv2d) and module.padding_mode == "zeros" \
             and not isinstance(module.padding, str):
         return PackedConv2d
     if own_forward(module, *layer_norm_types(), nn.GroupNorm, nn.RMSNorm) or llama_rms_norm(module):
