@@ -168,6 +168,11 @@ def case(name: str, seed: int):
                             bidirectional=True).double(), torch.randn(6, 1, 6, 4, dtype=torch.float64), y
     if name == "gru_lstm":
         return Recurrent().double(), torch.randn(6, 7, 4, dtype=torch.float64), y
+    if name == "timm_linear":   # timm's Linear subclass (a timm classifier head): nn.Linear's algebra
+        from timm.layers import Linear as TimmLinear
+
+        return nn.Sequential(TimmLinear(12, 8), nn.Tanh(), TimmLinear(8, 3)).double(), \
+            torch.randn(6, 12, dtype=torch.float64), y
     if name == "grouped_conv":
         return GroupedConv().double(), torch.randn(6, 1, 8, 8, dtype=torch.float64), y
     if name == "conv1d":
@@ -215,7 +220,7 @@ SETTINGS = [(0.05, 1.0), (0.3, 0.5), (5.0, 2.0)]   # (C, σ) per member: mostly 
 @pytest.mark.parametrize("estimator", ["exact", "hutchinson"])
 @pytest.mark.parametrize("name", ["cnn", "norm_mlp", "rms_mlp", "bag", "minilm_lora", "llama_lora", "qwen2_full",
                                   "vit_full", "vit_tv", "lstm", "gru_lstm", "shared", "tied", "llama_full",
-                                  "grouped_conv", "conv1d"])
+                                  "grouped_conv", "conv1d", "timm_linear"])
 def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
     """Members with different weights, C and σ: per-sample norms and ĝ_k (same noise and probe
     streams) equal those of DPEngine on each member's own model, over two steps."""
@@ -419,6 +424,13 @@ def test_a_shared_module_or_a_tied_weight_stays_one_parameter_per_member_in_its_
         packed = pack_models([model() for _ in range(members)])
         first, second = (packed.get_parameter(f"{n}.weight") for n in names)
         assert first is second and first.shape[0] == members
+
+
+def test_a_timm_backbone_with_a_timm_linear_head_packs_under_film():
+    """MobileNetV3's classifier is timm's Linear (refused as having no packed form before)."""
+    model = create_model("timm:mobilenetv3_small_050", num_classes=4, input_shape=(3, 32, 32), weights="random",
+                         peft="film")
+    assert packing_problems(model) == []
 
 
 def test_a_tie_the_pack_has_no_rule_for_is_refused_by_name():

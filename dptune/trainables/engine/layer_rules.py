@@ -226,7 +226,7 @@ class LinearLike(Rule):
         return loaded_class("transformers.pytorch_utils", "Conv1D")
 
     def handles(self, module: nn.Module) -> bool:
-        if own_forward(module, nn.Linear):
+        if own_forward(module, *linear_types()):
             return True
         if self.conv1d is not None and own_forward(module, self.conv1d):
             return True
@@ -463,6 +463,13 @@ def loaded_class(module: str, name: str) -> type | None:
     it, so a rule can recognise library layers without importing timm or transformers (seconds of a
     trial worker's start) for models that use neither."""
     return getattr(sys.modules.get(module), name, None)
+
+
+def linear_types() -> tuple[type, ...]:
+    """nn.Linear and library subclasses with its algebra (timm's Linear, when loaded: F.linear outside
+    TorchScript)."""
+    timm_linear = loaded_class("timm.layers.linear", "Linear")
+    return (nn.Linear,) if timm_linear is None else (nn.Linear, timm_linear)
 
 
 def layer_norm_types() -> tuple[type, ...]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ...errors import UserError
-from .layer_rules import BROADCAST, layer_norm_types, llama_rms_norm, loaded_class, own_forward
+from .layer_rules import BROADCAST, layer_norm_types, linear_types, llama_rms_norm, loaded_class, own_forward
 from .packed_layers import (PACKED, PACKED_BROADCASTS, PackedConv1D, PackedConv2d, PackedEmbedding, PackedLinear,
                             PackedMultiheadAttention, PackedNorm, PackedRNN, pack_broadcasts)
 from .tied_rule import closed_tie
@@ -29,7 +29,7 @@ def _broadcast_owner(module: nn.Module) -> bool:
 
 def _packed_form(module: nn.Module) -> type | None:
     """The packed class for a module whose algebra it repeats exactly, or None."""
-    if own_forward(module, nn.Linear):
+    if own_forward(module, *linear_types()):
         return PackedLinear
     conv1d = loaded_class("transformers.pytorch_utils", "Conv1D")
     if conv1d is not None and own_forward(module, conv1d):
