@@ -157,9 +157,8 @@ class DPEngine:
                             "object runs its own forward")
         self.norms = norm_estimator
         self.probes = probes
-        stds = self.noise_multipliers * self.clip_bounds   # σ_k C_k
-        self.noise = noise or (GaussianNoise(stds, generator, shared=shared_noise) if self.packed
-                               else GaussianNoise(self.noise_multiplier * self.clip_bound, generator))
+        std = self.noise_multipliers * self.clip_bounds if self.packed else self.noise_multiplier * self.clip_bound
+        self.noise = noise or GaussianNoise(std, generator, shared=shared_noise)   # σC, a pack's σ_k C_k
         self.all_reduce = all_reduce
         self.denoiser = DENOISERS.get(denoise)() if isinstance(denoise, str) else denoise
         self.denoised = self.denoiser.matrices(self.params) if self.denoiser is not None else []

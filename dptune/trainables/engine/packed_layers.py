@@ -61,12 +61,12 @@ class PackedLinear(nn.Module):
         return member_linear(x, self.weight, self.bias)
 
 
-class PackedConv1D(PackedLinear):
+class PackedConv1D(nn.Module):
     """K ``Conv1D`` layers of transformers (GPT-2's linear maps, their weight stored [in, out]): weight
     [K, in, out], bias [K, out]; y_k = x_k W_k + b_k by one ``bmm``."""
 
     def __init__(self, layers: Sequence[nn.Module]) -> None:
-        nn.Module.__init__(self)
+        super().__init__()
         self.members = len(layers)
         self.in_features, self.out_features = layers[0].weight.shape
         self.weight = _stack(layers, "weight")

@@ -78,7 +78,7 @@ class PackedLinearRule(Rule):
     name = "packed linear"
 
     def handles(self, module: nn.Module) -> bool:
-        return isinstance(module, PackedLinear)
+        return isinstance(module, (PackedLinear, PackedConv1D))
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         A = torch.cat([c.args[0].reshape(batch_size, -1, module.in_features) for c in calls], dim=1)
