@@ -240,6 +240,11 @@ def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
                       noise_multiplier=[s for _, s in settings], expected_batch_size=4.0,
                       norm_estimator=estimator, sketch_k=sketch, generator=SeededStream(7, "noise", CPU),
                       probes=SeededStream(7, "probes", CPU), max_physical_batch_size=len(models) * 4)
+    if estimator == "exact":   # each member's clipped sum at its own C against its own model, one example at a time
+        sums = engine.clipped_sum(x, y)[0]
+        for k, (model, (c, _)) in enumerate(zip(models, settings)):
+            for n, s in clipped_sum_loop(model, x, y, c, loss)[0].items():
+                torch.testing.assert_close(sums[n][k], s, rtol=1e-9, atol=1e-12, msg=f"member {k}: {n}")
     alone = [DPEngine(m, loss, clip_bound=c, noise_multiplier=s, expected_batch_size=4.0, norm_estimator=estimator,
                       sketch_k=sketch, generator=SeededStream(7, "noise", CPU), probes=SeededStream(7, "probes", CPU))
              for m, (c, s) in zip(models, settings)]
