@@ -47,7 +47,7 @@ def _generation(tmp_path):
 
 def test_every_figure_a_trial_emits_is_declared(tmp_path):
     from dptune.platform.sweep.dp_trial import epoch_report
-    from dptune.platform.sweep.pack_trial import pack_report
+    from dptune.platform.sweep.dp_trial import pack_report
     from dptune.trainables.pack_training import PackTrainer
     from dptune.trainables.training import Trainer
 

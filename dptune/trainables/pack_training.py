@@ -12,11 +12,15 @@ copy of its weights. One exception: dropout masks (a model trained with dropout)
 K·b rows from one generator, so they are not the masks the member would have drawn alone (they
 are drawn alike, and nothing of the privacy accounting depends on them).
 
-A member whose loss stops being finite is recorded as diverged, with its message, and retired
-(it gets no more steps); so is one the caller stops (``retire``); the others go on.
+It is trained by the one training loop (:func:`.epoch_loop.fit`): a member whose loss stops being
+finite is recorded as diverged, with its message, and retired (it gets no more steps); so is one the
+caller stops (``retire``); the others go on. With ``workers`` (a multi-worker trial) every worker holds
+the pack, steps its shard of the batch, and the members' clipped sums are all-reduced before the
+noise, drawn once (identically on every worker), as a single trial's are (:mod:`.engine.distributed`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -27,18 +31,18 @@ from ..schema import TrainConfig
 from ..schema.trial import PACK_MEMBER_FIELDS
 from .data.splits import DatasetSplits, take
 from .engine.batching import to_device
+from .engine.distributed import Workers
 from .engine.book_keeping import free_memory
 from .engine.dp_engine import DPEngine
 from .engine.optimizers import PackedOptimizer, make_optimizer
 from .engine.pack_memory import MEMORY_SHARE, estimate
 from .engine.packing import load_member, pack_models, packing_problems
-from .training import Trainer, divergence, epoch_epsilons, plan_privacy
+from .epoch_loop import EpochReport, fit as fit_run
+from .training import Trainer, check_workers, epoch_epsilons, plan_privacy
 
 
 #: Training examples the memory estimate runs a forward of (:func:`.engine.pack_memory.estimate`).
 MEMORY_SAMPLE = 8
-#: Called after every epoch with each member's metrics of that epoch (None: retired before it).
-EpochReport = Callable[[list], None]
 
 
 def pack_refusal(cfg: TrainConfig) -> str | None:
@@ -56,10 +60,12 @@ class PackTrainer:
 
     def __init__(self, cfgs: list[TrainConfig], data: DatasetSplits | None = None,
                  memory_budget: float | None = None,
-                 lead: Callable[[TrainConfig, DatasetSplits | None], Trainer] = Trainer) -> None:
+                 lead: Callable[[TrainConfig, DatasetSplits | None], Trainer] | None = None, *,
+                 workers: Workers | None = None) -> None:
         """``memory_budget``: the bytes the pack may plan to use (None: :data:`MEMORY_SHARE` of the
         device's free memory once the lead is built); passes are split so the pack stays within it.
-        ``lead`` builds the first member's trainer (the audit's adds its canary head)."""
+        ``lead`` builds the first member's trainer (the audit's adds its canary head; by default a
+        :class:`Trainer` on ``workers``, a multi-worker trial's)."""
         if not cfgs:
             raise UserError("a pack needs at least one configuration")
         self.cfgs = [cfg.validate() for cfg in cfgs]
@@ -74,7 +80,7 @@ class PackTrainer:
                             f"these differ too: {', '.join(differing)}")
         # the first member's trainer: the data, the streams, the initial weights every member starts
         # from, the sampler, the task; its model then serves as the unpacked copy each member is evaluated on
-        self.lead = lead(self.cfgs[0], data)
+        self.lead = (lead or functools.partial(Trainer, workers=workers))(self.cfgs[0], data)
         problems = packing_problems(self.lead.model)
         if problems:
             raise UserError(f"model {self.cfgs[0].model!r} cannot be packed: {'; '.join(problems)}; "
@@ -90,7 +96,8 @@ class PackTrainer:
             noise_multiplier=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
             norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
             max_physical_batch_size=self.rows_per_pass, generator=self.lead.streams["noise"],
-            shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"], precision=lead.precision)
+            shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"], precision=lead.precision,
+            all_reduce=self.lead.workers.sum if self.lead.workers.size > 1 else None)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = PackedOptimizer(
             make_optimizer(lead.optimizer, params, lr=1.0, momentum=lead.momentum, weight_decay=lead.weight_decay),
@@ -133,20 +140,26 @@ class PackTrainer:
         return self.lead.done or not bool(self.engine.active.any())
 
     def retire(self, k: int, why: str | None = None) -> None:
-        """Member ``k`` trains no more (``why``: its error, if it failed)."""
+        """Member ``k`` trains no more (``why``: its error, if it failed: its weights are zeroed, so
+        that its rows cost nothing odd from now on)."""
         self.engine.retire(k)
         if why is not None:
             self.errors[k] = why
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    if p.requires_grad:
+                        p[k].zero_()
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """One optimizer step of every active member on one Poisson batch (the lead's step, on the
         packed engine and optimizer): (norms [K, b] on the device, their groups, the step's statistics)."""
         return self.lead.train_step()
 
-    def run_epoch(self, progress: tqdm | None = None) -> list[dict | None]:
+    def epoch_results(self, progress: tqdm | None = None) -> list[dict | None]:
         """Train to the next epoch boundary (the lead's epoch loop); each active member's metrics, from
         the lead's evaluation of its weights (None for a retired member)."""
         norms, labels, _ = self.lead.train_epoch(progress)
+        norms, labels = self.lead.workers.gather(norms), self.lead.workers.gather(labels)   # all shards
         out: list[dict | None] = []
         for k, cfg in enumerate(self.cfgs):
             if not bool(self.engine.active[k]):
@@ -159,32 +172,18 @@ class PackTrainer:
 
     def fit(self, report: EpochReport | None = None, progress: tqdm | None = None, *,
             state: dict | None = None) -> list[list[dict]]:
-        """Train every member to step T (or until it is retired), calling ``report(metrics)`` after
-        each epoch with every member's metrics of that epoch (None for a member retired before it);
-        a member whose loss stops being finite is recorded as diverged (``errors[k]``) and retired
-        before the report. ``state`` (a :meth:`state_dict`) resumes a pack where it was saved; one
-        restored at its end reports its members' last epochs again, so its caller sees a final
-        result. Returns the members' histories."""
-        if state is not None:
-            self.load_state_dict(state)
-            if self.done and report is not None:
-                report([h[-1] if h else None for h in self.histories])
-        while not self.done:
-            epoch = self.run_epoch(progress)
-            for k, metrics in enumerate(epoch):
-                if metrics is None:
-                    continue
-                self.histories[k].append(metrics)
-                why = divergence(metrics)
-                if why is not None:
-                    self.retire(k, why)
-                    with torch.no_grad():   # finite weights: its rows cost nothing odd from now on
-                        for p in self.model.parameters():
-                            if p.requires_grad:
-                                p[k].zero_()
-            if report is not None:
-                report(epoch)
-        return self.histories
+        """Train every member to step T or until it is retired (:func:`.epoch_loop.fit`: ``report`` gets
+        every member's metrics of each epoch, None for a member retired before it; ``state``, a
+        :meth:`checkpoint`, resumes the pack); returns the members' histories."""
+        return fit_run(self, report, state=state, progress=progress)
+
+    def checkpoint(self) -> dict:
+        """What a pack trial's checkpoint holds: the :meth:`state_dict` (histories included)."""
+        return {"pack": self.state_dict()}
+
+    def restore(self, state: dict) -> None:
+        """Resume from a :meth:`checkpoint`."""
+        self.load_state_dict(state["pack"])
 
     def state_dict(self) -> dict:
         """Everything a resumed pack needs: the members' trainable weights and optimizer states, the
@@ -195,13 +194,14 @@ class PackTrainer:
                 "buffers": dict(self.lead.model.named_buffers()),   # shared by the members (an export reads them)
                 "optimizer": self.optimizer.state_dict(),
                 "streams": {name: s.state() for name, s in lead.streams.items()},
-                "torch_rng": torch.get_rng_state(), "step": self.step, "epoch": self.epoch,
+                "torch_rng": torch.get_rng_state(), "workers": lead.workers.size, "step": self.step, "epoch": self.epoch,
                 "train_time_s": self.train_time_s, "active": self.engine.active.tolist(), "errors": list(self.errors),
                 "histories": [list(h) for h in self.histories], "configs": [cfg.to_dict() for cfg in self.cfgs]}
 
     def load_state_dict(self, state: dict) -> None:
         if state["configs"] != [cfg.to_dict() for cfg in self.cfgs]:
             raise UserError("this checkpoint holds another pack (its members' configurations differ)")
+        check_workers(state, self.lead.workers.size)
         self.model.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         for name, saved in state["streams"].items():   # a secure run continues with fresh secret streams

@@ -2,10 +2,8 @@
 
 :class:`Trainer` holds all state of a run (model, optimizer, sampler and noise generators, step)
 and can save and restore it, so a resumed run ends exactly where an uninterrupted one would.
-:meth:`Trainer.fit` is the one training loop: ``dptune train``, the Ray Tune trainable and every Ray
-Train worker of a multi-worker trial call it, each with its own ``report`` (a printed line, a Tune
-report with a checkpoint, a Train report), so restoring, divergence and the final report are
-handled once, here.
+A run is trained by the one training loop, :func:`.epoch_loop.fit` (a run of one member here, of K in
+a pack: :mod:`.pack_training`); :meth:`Trainer.fit` is that loop with a report of one run's metrics.
 """
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from ..registry import check_options
 from ..timeline import mark
 from .engine.batching import to_device
 from ..schema import TrainConfig, names
-from ..schema.metrics import LOSSES
 from .data.catalog import DATASETS, load_dataset
 from .registries import check_pairing, dataset_task
 from .data.splits import DatasetSplits, take
@@ -42,26 +39,12 @@ from .engine.optimizers import make_optimizer
 from ..schema.option_registries import DENOISERS, DIAGNOSTICS
 from .engine.randomness import STREAMS, new_secret, stream
 from .engine.sampling import PoissonSampler
+from .epoch_loop import TrialDiverged, fit as fit_run
 from .tasks import Generation, task_of
-
-
-class TrialDiverged(UserError, FloatingPointError):
-    """The evaluated loss became NaN or infinite (a trial is recorded as errored; ``dptune train``
-    says so in one line: a smaller learning rate usually cures it)."""
 
 
 #: Called by :meth:`Trainer.fit` after every epoch with that epoch's metrics and the whole history.
 Report = Callable[[dict, list], None]
-
-
-def divergence(metrics: dict) -> str | None:
-    """Why an epoch's metrics show a diverged run (a loss that is not finite), or None. Private
-    selection evaluates nothing before its end: no loss, nothing to check."""
-    for name in LOSSES:
-        loss = metrics.get(name)
-        if loss is not None and not math.isfinite(loss):
-            return f"{name.replace('_', ' ')} became {loss} at epoch {metrics.get('epoch')}"
-    return None
 
 
 def norm_metrics(norms: torch.Tensor, labels: torch.Tensor, clip_bound: float) -> dict:
@@ -206,6 +189,9 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.train_time_s = 0.0
+        self.histories: list[list[dict]] = [[]]   # one member's (:class:`.epoch_loop.Run`)
+        self.errors: list[str | None] = [None]
+        self.retired = False
 
     def build_model(self, model_options: dict) -> nn.Module:
         """The run's model, before the optimizer and the engine see it (the audit's trainer adds
@@ -236,7 +222,11 @@ class Trainer:
 
     @property
     def done(self) -> bool:
-        return self.step >= self.plan.steps
+        return self.step >= self.plan.steps or self.retired
+
+    def retire(self, k: int = 0, why: str | None = None) -> None:
+        """The run trains no more (``why``: its error, when it diverged)."""
+        self.retired, self.errors[k] = True, why
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
         """One optimizer step on a Poisson batch; returns (norms, their groups: the labels of a
@@ -300,6 +290,10 @@ class Trainer:
             metrics.update(part.epoch_metrics(parts[part.key]))
         return metrics
 
+    def epoch_results(self, progress: tqdm | None = None) -> list[dict]:
+        """:meth:`run_epoch` as the loop takes it: the metrics of the run's one member."""
+        return [self.run_epoch(progress)]
+
     def evaluation(self) -> dict:
         """The model's metrics now: test (and validation, NOT private) loss and accuracy or NLL,
         a generation task's scores at the end; with private selection only its noisy score, at the end."""
@@ -315,25 +309,15 @@ class Trainer:
 
     def fit(self, report: Report | None = None, *, state: dict | None = None,
             progress: tqdm | None = None) -> list[dict]:
-        """Train to step T, calling ``report(metrics, history)`` after every epoch, and return the
-        history. ``state`` (a checkpoint's ``{"trainer": state_dict, "history": [...]}``) resumes a
-        run; one restored at its end reports its last epoch again, so its caller sees a final result.
-        A loss that is no longer finite raises :class:`TrialDiverged`, after that epoch is reported."""
-        history: list[dict] = []
-        if state is not None:
-            self.load_state_dict(state["trainer"])
-            history = list(state["history"])
-            if self.done and history and report is not None:
-                report(history[-1], history)
-        while not self.done:
-            metrics = self.run_epoch(progress)
-            history.append(metrics)
-            if report is not None:
-                report(metrics, history)
-            why = divergence(metrics)
-            if why is not None:
-                raise TrialDiverged(why)
-        return history
+        """Train to step T (:func:`.epoch_loop.fit`), calling ``report(metrics, history)`` after every
+        epoch, and return the history. ``state`` (a :meth:`checkpoint`) resumes a run; one restored at
+        its end reports its last epoch again, so its caller sees a final result. A loss that is no
+        longer finite raises :class:`TrialDiverged`, after that epoch is reported."""
+        fit_run(self, None if report is None else lambda epoch: report(epoch[0], self.histories[0]),
+                state=state, progress=progress)
+        if self.errors[0] is not None:
+            raise TrialDiverged(self.errors[0])
+        return self.histories[0]
 
     def generation_metrics(self) -> dict:
         """A generation task's over-long examples (every epoch), and at the end of training greedy
@@ -369,6 +353,15 @@ class Trainer:
                 "streams": {name: s.state() for name, s in self.streams.items()}, "randomness": self.cfg.randomness,
                 "workers": self.workers.size, "torch_rng": torch.get_rng_state(), "step": self.step,
                 "epoch": self.epoch, "train_time_s": self.train_time_s, "config": self.cfg.to_dict()}
+
+    def checkpoint(self) -> dict:
+        """What a trial's checkpoint holds: the :meth:`state_dict` and the history so far."""
+        return {"trainer": self.state_dict(), "history": list(self.histories[0])}
+
+    def restore(self, state: dict) -> None:
+        """Resume from a :meth:`checkpoint`."""
+        self.load_state_dict(state["trainer"])
+        self.histories = [list(state["history"])]
 
     def load_state_dict(self, state: dict) -> None:
         check_workers(state, self.workers.size)

@@ -1,5 +1,6 @@
 """Multi-worker trials on real Ray (Ray Train, gloo on CPU): W = 2 gives the one-worker result, the
-noise is added once, and a sweep mixing W = 1 and W = 2 trials stores every row once.
+noise is added once, a pack on two workers trains each member as on one, and a sweep mixing W = 1
+and W = 2 trials stores every row once.
 
 Each Ray Train run costs seconds to start on a small machine, so the equivalence cases share one run.
 """
@@ -30,6 +31,7 @@ from dptune.trainables.data.catalog import load_dataset
 from dptune.trainables.engine.distributed import shard_bounds
 from dptune.trainables.engine.dp_engine import DPEngine
 from dptune.trainables.engine.sampling import PoissonSampler
+from dptune.trainables.pack_training import PackTrainer
 from dptune.trainables.training import Trainer
 
 STEPS = 12
@@ -38,6 +40,9 @@ SIGMA, BATCH = 2.0, 10.0
 #: micro-batches, and the non-private baseline (mean loss over the global realised batch).
 CASES = [{}, {"max_physical_batch_size": 3}, {"norm_estimator": "hutchinson", "sketch_k": 4},
          {"norm_estimator": "hutchinson", "sketch_k": 4, "max_physical_batch_size": 3}, {"epsilon": math.inf}]
+#: The members of the pack trained on W = 1 and W = 2 (C, η and σ differ).
+PACK_MEMBERS = [{"clip_bound": 0.5}, {"clip_bound": 2.0, "learning_rate": 0.2, "noise_multiplier": 2.0},
+                {"clip_bound": 0.1, "learning_rate": 1.0, "noise_multiplier": 0.5}]
 
 
 @pytest.fixture
@@ -48,9 +53,8 @@ def local_ray():
 
 
 def config(**options) -> TrainConfig:
-    options = {"epsilon": 2.0, **options}
-    return TrainConfig(dataset="digits", model="mlp", epochs=1, batch_size=4, noise_multiplier=1.0, learning_rate=0.5,
-                       momentum=0.9, model_options={"hidden": 8}, device="cpu", seed=3, **options)
+    options = {"epsilon": 2.0, "noise_multiplier": 1.0, "learning_rate": 0.5, "epochs": 1, **options}
+    return TrainConfig(dataset="digits", model="mlp", batch_size=4, momentum=0.9, model_options={"hidden": 8}, device="cpu", seed=3, **options)
 
 
 def digits64():
@@ -63,6 +67,14 @@ def train_steps(trainer: Trainer) -> dict[str, torch.Tensor]:
     for _ in range(STEPS):
         trainer.train_step()
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def trained_pack(workers=None) -> tuple[dict[str, torch.Tensor], list[list[dict]]]:
+    """A pack of :data:`PACK_MEMBERS` trained to its end (24 steps in its one epoch, float64 data): its packed
+    weights and each member's history."""
+    pack = PackTrainer([config(**m, epochs=2 * STEPS * 4 / 1437) for m in PACK_MEMBERS], digits64(), workers=workers)
+    histories = pack.fit()
+    return {n: p.detach().clone() for n, p in pack.model.named_parameters()}, histories
 
 
 def noise_engine(all_reduce=None) -> DPEngine:
@@ -92,26 +104,42 @@ def test_two_workers_equal_one_and_add_the_noise_once(local_ray, tmp_path):
         torch.set_default_dtype(torch.float64)
         workers = ProcessGroupWorkers()
         params = [train_steps(Trainer(config(**case), digits64(), workers=workers)) for case in CASES]
+        pack = trained_pack(workers)
         noise = empty_gradient(noise_engine(all_reduce=workers.sum))
         noises = [torch.zeros_like(noise) for _ in range(workers.size)]
         dist.all_gather(noises, noise)
         if workers.rank == 0:
-            torch.save({"params": params, "noises": noises}, loop_config["out"])
+            torch.save({"params": params, "noises": noises, "pack": pack}, loop_config["out"])
 
     TorchTrainer(per_worker, train_loop_config={"out": str(out)}, torch_config=TorchConfig(backend="gloo"),
                  scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
                  run_config=RunConfig(storage_path=str(tmp_path / "train"), name="equivalence")).fit()
     two = torch.load(out)
 
-    # W = 1 with the same seeds (float64): the same parameters after STEPS steps
+    # W = 1 with the same seeds (float64): the same parameters after STEPS steps; a pack trained to its
+    # end on two workers (each member's clipped sums all-reduced, its noise drawn once) has each
+    # member's weights and epoch statistics (the norms of both shards) of the pack on one
     torch.set_default_dtype(torch.float64)
     try:
         for case, params in zip(CASES, two["params"]):
             one = train_steps(Trainer(config(**case), digits64()))
             for name, p in one.items():
                 assert torch.allclose(params[name], p, rtol=1e-6, atol=1e-12), (case, name)
+        pack_weights, pack_histories = trained_pack()
     finally:
         torch.set_default_dtype(torch.float32)
+    two_weights, two_histories = two["pack"]
+    for name, p in pack_weights.items():
+        assert torch.allclose(two_weights[name], p, rtol=1e-6, atol=1e-12), name
+    for one_history, two_history in zip(pack_histories, two_histories, strict=True):
+        assert len(two_history) == len(one_history) == 1
+        for one_epoch, two_epoch in zip(one_history, two_history):
+            assert two_epoch["clipped_fraction"] == one_epoch["clipped_fraction"]
+            counts = lambda e: {y: s["count"] for y, s in e["nonprivate_gradnorms"].items()}  # noqa: E731
+            assert counts(two_epoch) == counts(one_epoch)   # every example's norm, gathered from both shards
+            assert two_epoch["test_accuracy"] == pytest.approx(one_epoch["test_accuracy"])
+    first = next(iter(pack_weights.values()))   # [K, …]: the members trained apart (each its own C, η, σ)
+    assert all(not torch.allclose(first[i], first[j]) for i in range(len(first)) for j in range(i))
     # ... including steps where one worker's shard of the global Poisson batch was empty
     sampler, n = PoissonSampler(1437, 4 / 1437, seed=3), 1437
     shard_sizes = []
@@ -212,6 +240,8 @@ def test_resources_pick_w_and_the_placement_per_trial():
     assert spec.placement(small).bundles == [{"CPU": 2, "GPU": 1}]
     assert spec.placement(large).bundles[0].get("CPU", 0) == 0 and "GPU" not in spec.placement(large).bundles[0]
     assert Resources(workers=2).workers_for(small) == 2
+    assert spec.workers_for({"pack": [small, {**small, "clip_bound": 2.0}]}) == 1   # a pack: its members' B
+    assert spec.workers_for({"pack": [large, {**large, "clip_bound": 2.0}]}) == 4
     check_workers({"workers": 4}, 4)
     with pytest.raises(ValueError, match="written on 4 worker.*not on 2: set resources.workers to 4"):
         check_workers({"workers": 4}, 2)

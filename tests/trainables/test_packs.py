@@ -480,7 +480,7 @@ def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_on
 
     def report(epoch: list) -> None:   # the epoch's report: its checkpoint, then the kill
         assert epoch[1] is None and [m["epoch"] for m in (epoch[0], epoch[2])] == [1, 1]
-        torch.save(first.state_dict(), saved)
+        torch.save(first.checkpoint(), saved)
         raise Killed
 
     with pytest.raises(Killed):

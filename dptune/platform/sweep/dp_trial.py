@@ -1,55 +1,112 @@
-"""A DP trial's body in its Ray Tune process: one DP training run per trial, checkpointed every epoch.
+"""The body of every trial in its process: one DP training run, or a pack of them, checkpointed every epoch.
 
 A trial's Ray Tune config is flat (:mod:`dptune.platform.sweep.trial_config`): the training config's fields and the
-plan's figures as top-level keys, read as they are. The trainable resumes from its latest
-checkpoint (weights, optimizer, sampler/noise/torch RNG states, step, history), so a restored
-trial ends exactly as an uninterrupted one would. The loop is :meth:`Trainer.fit`; this module
-only turns each epoch into a Tune report. Reports carry scalar metrics only; the per-epoch
-history (curves, per-class gradient-norm statistics) travels in the checkpoint, where the
-driver-side store callback reads it.
+plan's figures as top-level keys, read as they are; a pack's is ``{"pack": [member configs]}``
+(:mod:`dptune.platform.sweep.packs`). Either is one run (:class:`Trainer`: one member;
+:class:`PackTrainer`: K) trained by the one training loop, :func:`dptune.trainables.epoch_loop.fit`, here
+and on every Ray Train worker of a multi-worker trial (:mod:`dptune.platform.sweep.multi_worker`); this module
+only builds the run and turns each epoch into a report. The run resumes from its latest checkpoint
+(weights, optimizer, sampler/noise/torch RNG states, step, histories), so a restored trial ends
+exactly as an uninterrupted one would. Reports carry scalar metrics only (a pack's: each member's
+under ``members``); the per-epoch history (curves, per-class gradient-norm statistics) travels in the
+checkpoint, where the driver-side store callback reads it.
+
+After each report a pack retires the members the scheduler stopped
+(:class:`dptune.platform.sweep.packs.PackStops`: the scheduler decided on that report before the report
+returns); on several workers rank 0 reads them and every worker retires the same.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable
 
+import ray
+
 from ...errors import UserError
 from ...timeline import mark
 from ...schema import DEFAULT_METRIC, LOSS_OF, SCORE, signed
-from ...trainables.training import PrivacyPlan, Trainer, divergence
+from ...trainables.engine.distributed import Workers
+from ...trainables.epoch_loop import divergence, fit
+from ...trainables.pack_training import PackTrainer
+from ...trainables.training import PrivacyPlan, Trainer
 from . import tune_adapter
+from .pack_policy import PACK, member_configs
+from .packs import pack_stops
 from .trial_config import plan_figures, train_config
+
+#: Sends one epoch's report with the run's checkpoint (None: another worker's, which rank 0 writes).
+Send = Callable[[dict, "dict | None"], None]
 
 
 def run_trial(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
-    """Train the configured model with DP for the planned steps, reporting after every epoch (the
-    body of :func:`dptune.platform.sweep.trial_function.dp_trainable`). ``on_workers`` (set by the launcher for a
-    multi-worker trial, :mod:`dptune.platform.sweep.multi_worker`) runs the trial on its Ray Train workers instead of in
+    """Train a trial's run, reporting to Ray Tune after every epoch (the body of
+    :func:`dptune.platform.sweep.trial_function.dp_trainable`). ``on_workers`` (set by the launcher for a
+    multi-worker trial, :mod:`dptune.platform.sweep.multi_worker`) runs it on its Ray Train workers instead of in
     this process."""
     if on_workers is not None:
         on_workers(config)
         return
-    trainer = planned_trainer(config)
+    train_trial(config, tune_adapter.report, state=tune_adapter.restore_state(),
+                trial_id=ray.tune.get_context().get_trial_id())
+
+
+def train_trial(config: dict, send: Send, *, state: dict | None = None, workers: Workers | None = None,
+                trial_id: str | None = None) -> Trainer | PackTrainer:
+    """Build the run of a trial's ``config`` (:func:`planned_run`) on ``workers``, restore it from
+    ``state`` (a checkpoint's), train it to its end and ``send`` every epoch's report
+    (:func:`trial_report`) with the run's checkpoint (rank 0's only). ``trial_id``: the pack trial whose
+    stopped members (:class:`~dptune.platform.sweep.packs.PackStops`) are retired after each report."""
+    workers = workers or Workers()
+    run = planned_run(config, workers)
     mark("trainer_built")
-    metric = config.get("metric", DEFAULT_METRIC)
-    trainer.fit(lambda metrics, history: tune_adapter.report(
-                    epoch_report(metrics, trainer.plan, trainer.trainable, history, metric),
-                    state=run_state(trainer, history)),
-                state=tune_adapter.restore_state())
-    mark("trial_end", train_time_s=trainer.train_time_s)
+    metric = (member_configs(config)[0] if PACK in config else config).get("metric", DEFAULT_METRIC)
+
+    def apply_stops() -> None:
+        if not isinstance(run, PackTrainer) or trial_id is None:
+            return
+        stops = workers.shared(lambda: stopped_members(trial_id))
+        for k in stops:
+            if bool(run.engine.active[k]):
+                run.retire(k)
+
+    def report(epoch: list) -> None:
+        send(trial_report(run, metric), run.checkpoint() if workers.rank == 0 else None)
+        apply_stops()
+
+    if state is not None:
+        run.restore(state)
+        apply_stops()   # stopped before the driver failed: the scheduler's saved decision
+    fit(run, report, restored=state is not None)
+    mark("trial_end", train_time_s=run.train_time_s)
+    return run
 
 
-def planned_trainer(config: dict, **options: object) -> Trainer:
-    """The Trainer of a trial's flat config, refused if its precomputed σ was planned for another
-    q or T (:func:`check_plan`). ``options`` go to the Trainer (e.g. its workers)."""
-    trainer = Trainer(train_config(config), **options)
-    check_plan(plan_figures(config), trainer.plan)
-    return trainer
+def stopped_members(trial_id: str) -> list[int]:
+    """The members of pack trial ``trial_id`` the scheduler stopped (none when no sweep's stops are kept)."""
+    stops = pack_stops()
+    return [] if stops is None else ray.get(stops.of.remote(trial_id))
 
 
-def run_state(trainer: Trainer, history: list[dict]) -> dict:
-    """What a trial's checkpoint holds: the trainer's state and the history so far."""
-    return {"trainer": trainer.state_dict(), "history": history}
+def planned_run(config: dict, workers: Workers | None = None) -> Trainer | PackTrainer:
+    """The run of a trial's flat config (a :class:`Trainer`) or of a pack's (a :class:`PackTrainer` of its
+    members), each member refused if its precomputed σ was planned for another q or T (:func:`check_plan`)."""
+    if PACK in config:
+        configs = member_configs(config)
+        run = PackTrainer([train_config(c) for c in configs], workers=workers)
+        plans = run.plans
+    else:
+        configs, run = [config], Trainer(train_config(config), workers=workers)
+        plans = [run.plan]
+    for c, plan in zip(configs, plans):
+        check_plan(plan_figures(c), plan)
+    return run
+
+
+def trial_report(run: Trainer | PackTrainer, metric: str) -> dict:
+    """The Tune result of a run's last epoch: a single trial's :func:`epoch_report`, a pack's :func:`pack_report`."""
+    if isinstance(run, PackTrainer):
+        return pack_report(run, metric)
+    return epoch_report(run.histories[0][-1], run.plan, run.trainable, run.histories[0], metric)
 
 
 def check_plan(planned: dict, plan: PrivacyPlan) -> None:
@@ -81,3 +138,22 @@ def epoch_report(metrics: dict, plan: PrivacyPlan, trainable: int, history: list
             "noise_sqrt_steps": plan.noise_sqrt_steps, "trainable_params": trainable,
             "fully_clipped": int(bool(history) and all(h.get("clipped_fraction") == 1.0 for h in history)),
             **({"error": f"TrialDiverged: {why}"} if (why := divergence(metrics)) is not None else {})}
+
+
+def pack_report(trainer: PackTrainer, metric: str) -> dict:
+    """The pack's Tune result: each member's last result under ``members`` (keyed "0", "1", …), what its
+    trial would report alone (:func:`epoch_report`) plus ``member_status`` (``running``, or ``ended`` once
+    it finished, diverged or was stopped) and its ``error`` when it diverged; for Ray Tune's table, the
+    best member's ``metric`` and ``score`` (the highest score), the epoch, step and T."""
+    members = {}
+    for k, history in enumerate(trainer.histories):
+        if not history:
+            continue
+        result = epoch_report(history[-1], trainer.plans[k], trainer.lead.trainable, history, metric)
+        ended = trainer.done or not bool(trainer.engine.active[k])
+        members[str(k)] = {**result, "member_status": "ended" if ended else "running",
+                           **({"error": trainer.errors[k]} if trainer.errors[k] else {})}
+    scored = [m for m in members.values() if isinstance(m.get(SCORE), float) and math.isfinite(m[SCORE])]
+    best = max(scored, key=lambda m: m[SCORE]) if scored else {metric: math.nan, SCORE: math.nan}
+    return {metric: best[metric], SCORE: best[SCORE], "epoch": trainer.epoch, "step": trainer.step, "steps": trainer.lead.plan.steps,
+            "pack_members": trainer.members, "members": members}

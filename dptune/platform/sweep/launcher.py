@@ -158,10 +158,11 @@ def max_concurrent(settings: RunSettings) -> int | None:
 
 
 def trial_slots(settings: RunSettings) -> int:
-    """How many one-worker trials run at once (packs are split over them): as many as the cluster's
-    CPUs (and GPUs) hold at the spec's per-trial resources, at most its ``max_concurrent``; 1 without Ray."""
+    """How many trials run at once (packs are split over them): as many as the cluster's CPUs (and
+    GPUs) hold at the spec's resources (per worker, ``workers`` each), at most its ``max_concurrent``;
+    1 without Ray."""
     resources = settings.resources
-    fits = _cluster_fits(resources) if ray.is_initialized() else 1
+    fits = max(1, _cluster_fits(resources) // resources.workers) if ray.is_initialized() else 1
     return fits if resources.max_concurrent is None else max(1, min(fits, resources.max_concurrent))
 
 

@@ -2,10 +2,12 @@
 
 With ``resources: {workers: W}`` (W > 1) a trial's Tune function reserves no resources itself and
 starts a ``TorchTrainer`` with W workers of ``cpu``/``gpu`` each (one process group per trial: gloo
-on CPU, NCCL on GPU), Ray's supported way to nest Train in Tune. Every worker runs the same
-:class:`~dptune.trainables.training.Trainer` with :class:`~dptune.trainables.engine.distributed.ProcessGroupWorkers`:
-the same global Poisson batch split into shards, the clipped sums all-reduced, the noise drawn
-once (identically on every worker), identical optimizer steps (see :mod:`dptune.trainables.engine.distributed`).
+on CPU, NCCL on GPU), Ray's supported way to nest Train in Tune. Every worker runs the same trial body
+(:func:`dptune.platform.sweep.dp_trial.train_trial`: a single trial's run or a pack's) with
+:class:`~dptune.trainables.engine.distributed.ProcessGroupWorkers`: the same global Poisson batch split into
+shards, the clipped sums (a pack's: each member's) all-reduced, the noise drawn once (identically on every
+worker), identical optimizer steps (see :mod:`dptune.trainables.engine.distributed`); a pack's members
+the scheduler stopped are read by rank 0 and retired on every worker.
 
 Checkpoints: after every epoch rank 0 reports the run's state (weights, optimizer, the generators,
 which are in the same state on every worker, step, history) as a Ray Train checkpoint; the Tune
@@ -26,11 +28,11 @@ import ray
 import ray.train
 from ray import tune
 
-from ...schema import DEFAULT_METRIC
-from ...trainables.training import TrialDiverged, check_workers, divergence
+from ...trainables.epoch_loop import TrialDiverged, divergence
+from ...trainables.training import check_workers
 from . import tune_adapter
 from .spec_sections import Resources
-from .dp_trial import epoch_report, planned_trainer, run_state
+from .dp_trial import train_trial
 
 
 
@@ -47,11 +49,12 @@ def run_on_workers(config: dict, resources: Resources, *, max_failures: int, sto
     if state is None:
         restored = None   # none, or incomplete: every worker starts the trial again
     else:
-        check_workers(state["trainer"], resources.workers)   # before any worker starts
+        check_workers(state.get("trainer") or state["pack"], resources.workers)   # before any worker starts
     reports = Queue(actor_options={"num_cpus": 0})
     per_worker = {"CPU": resources.cpu, **({"GPU": resources.gpu} if resources.gpu else {})}
     trainer = TorchTrainer(
-        _worker_loop, train_loop_config={"config": config, "restore": restored},
+        _worker_loop, train_loop_config={"config": config, "restore": restored,
+                                         "trial_id": tune.get_context().get_trial_id()},
         torch_config=TorchConfig(backend="nccl" if resources.gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=resources.workers, use_gpu=resources.gpu > 0,
                                      resources_per_worker=per_worker),
@@ -95,10 +98,10 @@ def run_on_workers(config: dict, resources: Resources, *, max_failures: int, sto
 
 
 def _worker_loop(loop_config: dict) -> None:
-    """One Train worker: the trial's :meth:`Trainer.fit` on this worker's shard, reporting after
+    """One Train worker: the trial's body (:func:`train_trial`) on this worker's shard, reporting after
     every epoch (rank 0 with the state as a checkpoint). A diverged run has reported its epoch and
-    ends here: the Tune side raises :class:`TrialDiverged` from that report, and Ray Train does
-    not restart the workers for it."""
+    ends: the Tune side raises :class:`TrialDiverged` from that report, and Ray Train does not restart
+    the workers for it."""
     import torch
 
     from ...trainables.engine.distributed import ProcessGroupWorkers
@@ -109,20 +112,9 @@ def _worker_loop(loop_config: dict) -> None:
         device = ray.train.torch.get_device()
         torch.cuda.set_device(device)
         config = {**config, "device": str(device)}
-    trainer = planned_trainer(config, workers=workers)
-    rank0 = workers.rank == 0
-    metric = config.get("metric", DEFAULT_METRIC)
-
-    def report(metrics: dict, history: list) -> None:
-        tune_adapter.train_report(epoch_report(metrics, trainer.plan, trainer.trainable, history, metric),
-                                  state=run_state(trainer, history) if rank0 else None)
-
     # Train's latest checkpoint (after a worker restart), else the one Tune restored the trial from
     state = tune_adapter.restorable_state(ray.train.get_checkpoint() or loop_config.get("restore"))
-    try:
-        trainer.fit(report, state=state)
-    except TrialDiverged:
-        return
+    train_trial(config, tune_adapter.train_report, state=state, workers=workers, trial_id=loop_config.get("trial_id"))
 
 
 class _Relay(ray.train.UserCallback):

@@ -48,10 +48,11 @@ class PackPolicy:
 
     @classmethod
     def for_sweep(cls, search: "Search", resources: "Resources", slots: int = 1) -> "PackPolicy | None":
-        """The sweep's policy (None: nothing is packed: the lever is off, or trials span several
-        workers): any B on a GPU, B ≤ :data:`CPU_MAX_BATCH_SIZE` on a CPU; at most
-        ``search.pack: N`` members (default :data:`MAX_MEMBERS`), over ``slots`` trial slots."""
-        if not search.pack or resources.workers > 1:
+        """The sweep's policy (None: nothing is packed: the lever is off): any B on a GPU,
+        B ≤ :data:`CPU_MAX_BATCH_SIZE` on a CPU; at most ``search.pack: N`` members (default
+        :data:`MAX_MEMBERS`), over ``slots`` trial slots. A pack on several workers (``resources.workers``)
+        splits its batch over them as a single trial does."""
+        if not search.pack:
             return None
         return cls(max_members=search.pack_members or MAX_MEMBERS,
                    max_batch_size=None if resources.gpu > 0 else CPU_MAX_BATCH_SIZE, slots=max(1, slots))

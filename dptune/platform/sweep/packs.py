@@ -3,7 +3,7 @@ Ray Tune trial, each still one trial everywhere else.
 
 The searcher (:class:`~dptune.platform.sweep.searcher.SweepSearcher`) groups the trial configs that may share a model into
 packs (:mod:`dptune.platform.sweep.pack_policy`). A pack's Ray Tune config is ``{"pack": [member trial configs]}``; its
-trial trains them as one batched model (:mod:`dptune.platform.sweep.pack_trial`) and reports, each epoch, every member's
+trial trains them as one batched model (:mod:`dptune.platform.sweep.dp_trial`, every trial's body) and reports, each epoch, every member's
 own result under ``members``.
 
 Everything that reads trials sees the members: a :class:`MemberTrial` is one member seen as a trial

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...search_spaces.spec import Catalog, SpecError, integer, mapping, number, register_section
 from ..store.layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE
+from .pack_policy import PACK
 from . import starts  # noqa: F401  (registers search.prior's check: an earlier sweep's store, read before Ray)
 
 if TYPE_CHECKING:
@@ -41,8 +42,8 @@ class Resources:
     workers_from_batch_size: int | None = None
 
     def workers_for(self, config: dict) -> int:
-        """W for one trial's flat config (1 below ``workers_from_batch_size``)."""
-        batch = config.get("batch_size")
+        """W for one trial's flat config, or a pack's (its members share B): 1 below ``workers_from_batch_size``."""
+        batch = (config[PACK][0] if PACK in config else config).get("batch_size")
         if self.workers_from_batch_size is not None and batch is not None and int(batch) < self.workers_from_batch_size:
             return 1
         return self.workers

@@ -4,7 +4,7 @@
   missing file, model or extra; an ``ImportError``) recurs in every trial: it is not retried. The
   trial reports it (``error``, ``recurring``) and ends; :class:`StopOnRecurringError` stops the sweep,
   whose driver then names the error in one line (:func:`recurring_error`).
-- A diverged trial (its loss no longer finite: :class:`~dptune.trainables.training.TrialDiverged`) is an
+- A diverged trial (its loss no longer finite: :class:`~dptune.trainables.epoch_loop.TrialDiverged`) is an
   outcome, not a failure: its last epoch's report carries the ``error``; it is recorded per trial,
   never retried, and never stops the sweep (a diverged η brackets the optimum from above).
 - Anything else (a node lost, a killed worker, a bug) is retried up to ``failure.max_failures``.
@@ -27,13 +27,13 @@ RECURRING = "recurring"
 
 def recurring(error: BaseException) -> bool:
     """An error that every trial would meet again: of the input or the environment, not a divergence."""
-    from ...trainables.training import TrialDiverged   # the trial's process has the trainer loaded
+    from ...trainables.epoch_loop import TrialDiverged   # the trial's process has the trainer loaded
 
     return isinstance(error, ImportError) or (isinstance(error, UserError) and not isinstance(error, TrialDiverged))
 
 
 def diverged(error: BaseException) -> bool:
-    from ...trainables.training import TrialDiverged
+    from ...trainables.epoch_loop import TrialDiverged
 
     return isinstance(error, TrialDiverged)
 

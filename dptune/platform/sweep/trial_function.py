@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Callable
 
 from ..faults import fault_point
-from .pack_policy import PACK
 from .trial_errors import diverged, failure_report, recurring
 
 
 def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
-    """One DP trial: :func:`dptune.platform.sweep.dp_trial.run_trial` (``on_workers``: a multi-worker trial's Ray Train
-    run, set by the launcher), or a pack of trials (:mod:`dptune.platform.sweep.packs`): :func:`dptune.platform.sweep.pack_trial.run_pack`.
+    """One DP trial, or a pack of trials (:mod:`dptune.platform.sweep.packs`):
+    :func:`dptune.platform.sweep.dp_trial.run_trial` (``on_workers``: a multi-worker trial's Ray Train run, set by
+    the launcher).
     A divergence ends it as reported (its last epoch carries the error); an error of its input or
     environment ends it with one report of that error, not retried (:mod:`.trial_errors`); any other
     error is raised, for Ray Tune to retry."""
@@ -28,11 +28,6 @@ def dp_trainable(config: dict, on_workers: Callable[[dict], None] | None = None)
     with trial_output():
         fault_point("trial_entered")
         try:
-            if PACK in config:
-                from .pack_trial import run_pack
-
-                run_pack(config)
-                return
             from .dp_trial import run_trial
 
             run_trial(config, on_workers)

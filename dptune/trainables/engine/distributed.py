@@ -25,13 +25,15 @@ the platform's job (Ray Train, ``dptune.platform.sweep.multi_worker``).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 from torch import nn
 
 from .batching import Inputs, batch_len, model_outputs
 from .precision import Precision
+
+T = TypeVar("T")
 
 
 class Workers:
@@ -52,12 +54,13 @@ class Workers:
         return tensors
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The 1-D tensors of all workers, concatenated in rank order (CPU)."""
+        """The tensors of all workers (an example per entry of the last dimension: a pack's norms are
+        [K, n]), concatenated along it in rank order (CPU)."""
         return tensor
 
-    def shared(self, make: Callable[[], bytes]) -> bytes:
+    def shared(self, make: Callable[[], T]) -> T:
         """``make()`` on rank 0, the same value on every worker (a secure run's secret: it travels
-        to the trial's own workers only, in memory)."""
+        to the trial's own workers only, in memory; the members of a pack its scheduler stopped)."""
         return make()
 
 
@@ -91,7 +94,7 @@ class ProcessGroupWorkers(Workers):
         self.comm_time_s += time.perf_counter() - start
         return out
 
-    def shared(self, make: Callable[[], bytes]) -> bytes:
+    def shared(self, make: Callable[[], T]) -> T:
         box = [make() if self.rank == 0 else None]
         self.dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -101,7 +104,7 @@ class ProcessGroupWorkers(Workers):
         parts: list = [None] * self.size
         self.dist.all_gather_object(parts, tensor.detach().cpu())
         self.comm_time_s += time.perf_counter() - start
-        return torch.cat(parts)
+        return torch.cat(parts, dim=-1)
 
 
 def shard_bounds(num_examples: int, rank: int, size: int) -> tuple[int, int]:
