@@ -23,6 +23,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 from .errors import UserError
 from .timeline import mark
+from .schema import BATCH_SIZE, CLIP_BOUND, LEARNING_RATE
 
 
 def _float_or_inf(text: str) -> float:
@@ -33,7 +34,7 @@ def _float_or_inf(text: str) -> float:
 
 
 #: Extra spellings of ``train`` flags; every TrainConfig field also has ``--field-name``.
-TRAIN_ALIASES = {"clip_bound": ("-C",), "batch_size": ("-B",), "learning_rate": ("--lr",)}
+TRAIN_ALIASES = {CLIP_BOUND: ("-C",), BATCH_SIZE: ("-B",), LEARNING_RATE: ("--lr",)}
 
 
 def _json_object(text: str) -> dict:
@@ -404,8 +405,8 @@ def _run_audit(args: argparse.Namespace, out: TextIO) -> int:
     config, workers = stored_trial(paths, args.trial) if paths else cell_trial(args.spec, args.cell, args.config)
     workers = args.workers or workers
     mates = pack_mates(paths, args.trial) if paths else []
-    print(f"auditing {config.get('cell', '')} C={config['clip_bound']:g} B={config['batch_size']} "
-          f"η={config['learning_rate']:.3g} on {workers} worker(s)"
+    print(f"auditing {config.get('cell', '')} C={config[CLIP_BOUND]:g} B={config[BATCH_SIZE]} "
+          f"η={config[LEARNING_RATE]:.3g} on {workers} worker(s)"
           + (f", as a member of its pack of {len(mates) + 1}" if mates else ""), file=out)
     with tqdm(total=config.get("steps"), disable=args.quiet or workers > 1, unit="step", desc="audit run",
               file=sys.stderr) as bar:
@@ -452,7 +453,7 @@ def _run_optimal_clip(args: argparse.Namespace, out: TextIO) -> int:
     if args.grads:
         saved = np.load(args.grads)
         grads, labels = saved["grads"], saved["labels"]
-        sigma, clip, source = float(saved["noise_multiplier"]), float(saved["clip_bound"]), args.grads
+        sigma, clip, source = float(saved["noise_multiplier"]), float(saved[CLIP_BOUND]), args.grads
     else:
         from .platform.views.checkpoint_gradients import checkpoint_gradients
 

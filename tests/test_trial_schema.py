@@ -142,3 +142,26 @@ def test_the_json_schema_flags_what_the_spec_parser_refuses():
     for spec in bad:
         assert not validator.is_valid(spec), spec
     assert validator.is_valid({**base, "trial": {"optimizer": "adam", "denoise": [None, "rmt"], "sketch_k": 32}})
+
+
+def test_c_b_and_eta_are_named_through_the_schema():
+    """Outside ``dptune/schema`` no string literal names C, B or η: code reads them as
+    ``schema.CLIP_BOUND``, ``BATCH_SIZE`` and ``LEARNING_RATE`` (the hyperparameters' own field names).
+    The one other use is the engine's step statistic ``"batch_size"``: a step's realised batch, not the field."""
+    import io
+    import tokenize
+
+    from dptune.schema import BATCH_SIZE, CLIP_BOUND, HYPERPARAMETERS, LEARNING_RATE
+
+    assert (CLIP_BOUND, BATCH_SIZE, LEARNING_RATE) == HYPERPARAMETERS == ("clip_bound", "batch_size", "learning_rate")
+    assert all(name in FIELDS for name in HYPERPARAMETERS)
+    root = Path(dptune.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "schema":
+            continue
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type == tokenize.STRING and token.string[1:-1] in HYPERPARAMETERS and token.string[0] in "'\"":
+                found.append(f"{path.relative_to(root)}:{token.start[0]}: {token.line.strip()}")
+    assert [f for f in found if not f.startswith("trainables/engine/dp_engine.py")] == [], "\n".join(found)
+    assert len(found) == 2   # the step statistic, a pack's and a single model's

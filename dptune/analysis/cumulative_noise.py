@@ -18,10 +18,11 @@ import pandas as pd
 from ..privacy import calibrate_noise
 from ..search_spaces.batches import MIN_STEPS, PLATEAU_TOL, batch_rows, min_step_floor
 from .results import DEFAULT_DELTA, Sweep
+from ..schema import BATCH_SIZE
 
 __all__ = ["MIN_STEPS", "PLATEAU_TOL", "noise_curve", "default_batch_grid", "cell_noise_curves", "min_step_floor"]
 
-CURVE_COLUMNS = ["batch_size", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "reason"]
+CURVE_COLUMNS = [BATCH_SIZE, "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "reason"]
 
 
 def noise_curve(epsilon: float, delta: float, dataset_size: int, epochs: float, batch_sizes: Iterable[int], *,
@@ -76,7 +77,7 @@ def cell_noise_curves(sweep: Sweep, *, batch_sizes: Sequence[int] | None = None,
         if n is None:
             notes.append(f"{name}: no noise curve (no trial recorded its sample rate)")
             continue
-        tried = sorted(sweep.trials.loc[sweep.trials["cell_name"] == name, "batch_size"].dropna().unique())
+        tried = sorted(sweep.trials.loc[sweep.trials["cell_name"] == name, BATCH_SIZE].dropna().unique())
         listed = [int(b) for b in (planned or {}).get(name, ())]
         grid = list(batch_sizes) if batch_sizes else listed or default_batch_grid(n, min(tried))
         sketch_k = sweep.cell_option(name, "sketch_k")
@@ -85,12 +86,12 @@ def cell_noise_curves(sweep: Sweep, *, batch_sizes: Sequence[int] | None = None,
                             plateau_tol=plateau_tol,
                             norm_estimator=str(sweep.cell_option(name, "norm_estimator", "exact")),
                             sketch_k=None if sketch_k is None else int(float(sketch_k)))
-        curve["tried"] = curve["batch_size"].isin([int(b) for b in tried])
-        curve["planned"] = curve["batch_size"].isin(listed)
+        curve["tried"] = curve[BATCH_SIZE].isin([int(b) for b in tried])
+        curve["planned"] = curve[BATCH_SIZE].isin(listed)
         curve.insert(0, "cell_name", name)
         curve["dataset_size"] = n
         curves.append(curve)
     frame = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
-        columns=["cell_name", "batch_size", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps",
+        columns=["cell_name", BATCH_SIZE, "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps",
                  "reason", "kept", "tried", "planned", "dataset_size"])
     return frame, notes

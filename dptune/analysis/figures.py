@@ -24,6 +24,7 @@ from .optimal_clipping import ClipMSE, class_retention
 from .gradnorms import QUANTILE_COLUMNS, retention_curves, retention_grid
 from .cumulative_noise import min_step_floor
 from .results import fmt
+from ..schema import BATCH_SIZE, CLIP_BOUND, LEARNING_RATE
 
 MAX_COLUMNS = 4
 NONPRIVATE_NOTE = "NOT differentially private (computed from private training examples)"
@@ -102,8 +103,8 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float, lo
     """One cell's panel on the colour scale [lo, hi] (reversed where ``lower`` is better); returns its
     mesh (None: nothing drawn). The star marks the best ``score`` (the metric signed so that higher
     is better)."""
-    cs = sorted(table["clip_bound"].dropna().unique())
-    bs = sorted(table["batch_size"].dropna().unique())
+    cs = sorted(table[CLIP_BOUND].dropna().unique())
+    bs = sorted(table[BATCH_SIZE].dropna().unique())
     ax.set_title(wrapped_text(title), fontsize=10)
     if not cs or not bs:
         ax.text(0.5, 0.5, "no (C, B) recorded", transform=ax.transAxes, ha="center", va="center")
@@ -114,8 +115,8 @@ def _heatmap_panel(ax, table: pd.DataFrame, title: str, lo: float, hi: float, lo
     tied = np.zeros_like(acc, dtype=bool)   # not distinguishable from the optimum (uncertainty.py)
     eta = np.full_like(acc, np.nan)
     for _, r in table.iterrows():
-        i, j = bs.index(r["batch_size"]), cs.index(r["clip_bound"])
-        acc[i, j], eta[i, j], errored[i, j] = r["value"], r["learning_rate"], r["errored"] > 0
+        i, j = bs.index(r[BATCH_SIZE]), cs.index(r[CLIP_BOUND])
+        acc[i, j], eta[i, j], errored[i, j] = r["value"], r[LEARNING_RATE], r["errored"] > 0
         score[i, j] = r["score"]
         tied[i, j] = bool(r.get("indistinguishable", False))
     finite = acc[np.isfinite(acc)]
@@ -201,8 +202,8 @@ def noise_figure(curves: pd.DataFrame, cells: pd.DataFrame, facet: str, optima: 
     """σ√T against B per cell: plateau band, minimum-step floor, recommended B, Bs tried, best B."""
     fig, axes = panel_grid(len(cells), 4.6, 3.5)
     for ax, (_, cell) in zip(axes, cells.iterrows()):
-        curve = curves[curves["cell_name"] == cell["cell_name"]].sort_values("batch_size")
-        best = optima.loc[optima["cell_name"] == cell["cell_name"], "batch_size"]
+        curve = curves[curves["cell_name"] == cell["cell_name"]].sort_values(BATCH_SIZE)
+        best = optima.loc[optima["cell_name"] == cell["cell_name"], BATCH_SIZE]
         _noise_panel(ax, curve, cell, best.iloc[0] if len(best) else None, min_steps, plateau_tol)
     if axes:
         handles, labels = axes[0].get_legend_handles_labels()
@@ -223,14 +224,14 @@ def _noise_panel(ax, curve: pd.DataFrame, cell: pd.Series, best_batch: float | N
         ax.text(0.5, 0.5, "no calibrated σ", transform=ax.transAxes, ha="center", va="center")
         return
     n, epochs = int(curve["dataset_size"].iloc[0]), float(cell["epochs"])
-    ax.plot(ok["batch_size"], ok["noise_sqrt_steps"], "-", color="#264653", linewidth=1.2, zorder=2)
+    ax.plot(ok[BATCH_SIZE], ok["noise_sqrt_steps"], "-", color="#264653", linewidth=1.2, zorder=2)
     kept = ok[ok["kept"]]
     dropped = ok[~ok["kept"]]
-    ax.scatter(dropped["batch_size"], dropped["noise_sqrt_steps"], facecolors="white", edgecolors="#264653",
+    ax.scatter(dropped[BATCH_SIZE], dropped["noise_sqrt_steps"], facecolors="white", edgecolors="#264653",
                zorder=3, label="dropped B")
-    ax.scatter(kept["batch_size"], kept["noise_sqrt_steps"], color="#2a9d8f", zorder=3, label="kept B (plateau)")
+    ax.scatter(kept[BATCH_SIZE], kept["noise_sqrt_steps"], color="#2a9d8f", zorder=3, label="kept B (plateau)")
     tried = ok[ok["tried"]]
-    ax.scatter(tried["batch_size"], tried["noise_sqrt_steps"], marker="x", color="#e76f51", s=60, zorder=4,
+    ax.scatter(tried[BATCH_SIZE], tried["noise_sqrt_steps"], marker="x", color="#e76f51", s=60, zorder=4,
                label="B tried in the sweep")
     eligible = ok[ok["steps"] >= min_steps]
     if len(eligible):
@@ -239,20 +240,20 @@ def _noise_panel(ax, curve: pd.DataFrame, cell: pd.Series, best_batch: float | N
                    label=f"plateau: ≤ {1 + plateau_tol:g} × min σ√T")
     if len(kept):
         rec = kept.iloc[0]
-        ax.scatter([rec["batch_size"]], [rec["noise_sqrt_steps"]], marker="*", s=220, color="#f4a261",
+        ax.scatter([rec[BATCH_SIZE]], [rec["noise_sqrt_steps"]], marker="*", s=220, color="#f4a261",
                    edgecolors="black", zorder=5, label="recommended B (smallest kept)")
     b_max = min_step_floor(n, epochs, min_steps)
-    right = ok["batch_size"].max() * 1.5
+    right = ok[BATCH_SIZE].max() * 1.5
     if b_max < right:
-        ax.axvspan(max(b_max, ok["batch_size"].min() / 1.5), right, color="grey", alpha=0.15,
+        ax.axvspan(max(b_max, ok[BATCH_SIZE].min() / 1.5), right, color="grey", alpha=0.15,
                    label=f"T < {min_steps} steps (minimum-step floor)")
         ax.axvline(b_max, color="grey", linestyle="--", linewidth=1)
     if best_batch is not None and np.isfinite(best_batch):
         ax.axvline(best_batch, color="#e76f51", linestyle=":", linewidth=1.5, label="best B by accuracy")
-    ax.set_xlim(ok["batch_size"].min() / 1.5, right)
+    ax.set_xlim(ok[BATCH_SIZE].min() / 1.5, right)
     ax.set_ylim(0, ok["noise_sqrt_steps"].max() * 1.1)
-    bs = ok["batch_size"].tolist()
-    planned = ok.loc[ok["planned"], "batch_size"].tolist() if "planned" in ok else []
+    bs = ok[BATCH_SIZE].tolist()
+    planned = ok.loc[ok["planned"], BATCH_SIZE].tolist() if "planned" in ok else []
     if 0 < len(planned) <= 12:  # every B the sweep's plan listed is labelled
         shown = planned
     else:
@@ -283,7 +284,7 @@ def gradnorm_figure(norms: pd.DataFrame, cells: pd.DataFrame, facet: str, *, acr
         dist.vlines(pos, q10, q90, color=colour, linewidth=1)
         dist.vlines(pos, q25, q75, color=colour, linewidth=thick)
         dist.scatter(pos, q50, color="white", edgecolors=colour, s=14, zorder=3)
-        clip = rows["clip_bound"].iloc[0]
+        clip = rows[CLIP_BOUND].iloc[0]
         dist.axhline(clip, color=colour, linestyle="--", linewidth=0.9)
         share.bar(pos, rows["clipped_fraction"], width=width, color=colour, label=f"{name} (optimal C={fmt(clip)})")
     every = math.ceil(len(labels) / 30) if labels else 1  # at most 30 tick labels
@@ -315,9 +316,9 @@ def retention_figure(norms: pd.DataFrame, cells: pd.DataFrame, facet: str) -> Fi
         ax.set_title(wrapped_text(cell["cell_name"]), fontsize=10)
         c = curves[curves["cell_name"] == cell["cell_name"]]
         for label, per_class in c.groupby("label"):
-            ax.plot(per_class["clip_bound"], per_class["retention"], color=colours[label], linewidth=1.1,
+            ax.plot(per_class[CLIP_BOUND], per_class["retention"], color=colours[label], linewidth=1.1,
                     label=str(label))
-        clip = norms.loc[norms["cell_name"] == cell["cell_name"], "clip_bound"]
+        clip = norms.loc[norms["cell_name"] == cell["cell_name"], CLIP_BOUND]
         if len(clip):
             ax.axvline(clip.iloc[0], color="black", linestyle="--", linewidth=1)
             ax.text(clip.iloc[0], 0.02, f" optimal C={fmt(clip.iloc[0])}", fontsize=8, va="bottom")

@@ -28,6 +28,7 @@ from typing import Hashable
 import numpy as np
 
 from ..errors import UserError
+from ..schema import CLIP_BOUND
 
 
 #: Log-spaced gradient-norm histogram edges of the ``gradnorms`` table: 1e-4 … 1e4, 4 bins per
@@ -161,7 +162,7 @@ def clip_summary(per_sample_grads: object, labels: object, noise_multiplier: flo
     summary = {"n": len(norms), "dim": curve.dim, "noise_multiplier": curve.noise_multiplier, "c_star": c_star,
                "norm_quantiles": dict(zip((0.1, 0.5, 0.9), np.quantile(norms, (0.1, 0.5, 0.9)).tolist()))}
     for name, c in at.items():
-        summary[name] = {"clip_bound": c, "mse": float(curve(c)), "bias": float(curve.bias(c)),
+        summary[name] = {CLIP_BOUND: c, "mse": float(curve(c)), "bias": float(curve.bias(c)),
                          "noise": float(curve.noise(c)), "clipped_fraction": float(np.mean(norms > c)),
                          "retention": class_retention(norms, labels, c) if c > 0 else {}}
     return summary

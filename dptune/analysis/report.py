@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from ..errors import UserError
 from ..platform.store.layout import ExperimentPaths
 from ..platform.store.results_store import ResultsStore
-from ..schema import shown
+from ..schema import BATCH_SIZE, CLIP_BOUND, LEARNING_RATE, shown
 from . import figures
 from .denoise_cosine import cosine_curves, cosine_figure
 from .gradnorms import QUANTILE_COLUMNS, class_norms
@@ -190,8 +190,8 @@ def optimum_lines(optima: pd.DataFrame, comparisons: Sequence[str] = (), metric:
         if pd.isna(r["value"]):
             lines.append(f"{r['cell_name']}: no finished trial")
             continue
-        clip = f"C={fmt(r['clip_bound'])}" if r["private"] else "no clipping"
-        line = (f"{r['cell_name']}: {clip}, B={fmt(r['batch_size'])}, η={fmt(r['learning_rate'])}: "
+        clip = f"C={fmt(r[CLIP_BOUND])}" if r["private"] else "no clipping"
+        line = (f"{r['cell_name']}: {clip}, B={fmt(r[BATCH_SIZE])}, η={fmt(r[LEARNING_RATE])}: "
                 f"{metric} {r['value']:.4f} (mean of {int(r['seeds'])} seed(s))")
         if pd.notna(r.get("value_low")):
             line += (f", {1 - ALPHA:.0%} interval [{r['value_low']:.4f}, {r['value_high']:.4f}]; "
@@ -382,9 +382,9 @@ def _private_selection_section(a: Analysis) -> str:
                      "per-trial ε": _cell_text(group["trial_epsilon"].max()),
                      "total ε": _cell_text(group["total_epsilon"].max()),
                      "released trial": "— (not released)" if r is None else r["trial_id"],
-                     "C": "—" if r is None else _cell_text(r["clip_bound"]),
-                     "B": "—" if r is None else _cell_text(r["batch_size"]),
-                     "η": "—" if r is None else _cell_text(r["learning_rate"]),
+                     "C": "—" if r is None else _cell_text(r[CLIP_BOUND]),
+                     "B": "—" if r is None else _cell_text(r[BATCH_SIZE]),
+                     "η": "—" if r is None else _cell_text(r[LEARNING_RATE]),
                      "noisy score": "—" if r is None else _acc(r["selection_score"]),
                      "test accuracy": "—" if r is None else _acc(r["test_accuracy"])})
     return ("<h2 id='selection'>Private selection: the released model per cell</h2>"
@@ -428,8 +428,8 @@ def _optima_section(a: Analysis) -> str:
     rows = []
     for _, r in o.iterrows():
         baseline = _baseline_for(a, r) if r["private"] else None
-        row = {"cell": r["cell_name"], "C": "— (no clipping)" if not r["private"] else _cell_text(r["clip_bound"]),
-               "B": _cell_text(r["batch_size"]), "η": _cell_text(r["learning_rate"]),
+        row = {"cell": r["cell_name"], "C": "— (no clipping)" if not r["private"] else _cell_text(r[CLIP_BOUND]),
+               "B": _cell_text(r[BATCH_SIZE]), "η": _cell_text(r[LEARNING_RATE]),
                label: _acc(r["value"]), "seeds": _cell_text(r.get("seeds")),
                f"{1 - ALPHA:.0%} interval": (f"{_acc(r['value_low'])}–{_acc(r['value_high'])}"
                                            if pd.notna(r.get("value_low")) else "—"),
@@ -536,9 +536,9 @@ def _gradnorm_section(a: Analysis) -> str:
         parts.append(_figure_html(retention, f"retention {facet}",
                                   "How much of each class's gradient survives clipping at C; small C "
                                   "down-weights the classes with large norms."))
-    table = norms[["cell_name", "label", "count", "clipped_fraction", *QUANTILE_COLUMNS, "clip_bound"]].copy()
+    table = norms[["cell_name", "label", "count", "clipped_fraction", *QUANTILE_COLUMNS, CLIP_BOUND]].copy()
     table["clipped_fraction"] = table["clipped_fraction"].map(_acc)
-    table = table.rename(columns={"cell_name": "cell", "clip_bound": "C", "clipped_fraction": "clipped"})
+    table = table.rename(columns={"cell_name": "cell", CLIP_BOUND: "C", "clipped_fraction": "clipped"})
     parts.append("<details><summary>Per-class table</summary>" + _table(table) + "</details></section>")
     return "".join(parts)
 
@@ -574,8 +574,8 @@ def _errors_section(a: Analysis) -> str:
     parts = ["<h2 id='errors'>Errored trials</h2>"]
     if errors.empty:
         return parts[0] + "<p class='note'>None.</p>"
-    errors = errors.rename(columns={"cell_name": "cell", "clip_bound": "C", "batch_size": "B",
-                                    "learning_rate": "η"})
+    errors = errors.rename(columns={"cell_name": "cell", CLIP_BOUND: "C", BATCH_SIZE: "B",
+                                    LEARNING_RATE: "η"})
     errors["error"] = errors["error"].fillna("").map(lambda e: e if len(e) <= 240 else e[:237] + "…")
     return parts[0] + _table(errors, wrap=("error",))
 

@@ -26,7 +26,7 @@ import pandas as pd
 from ..errors import UserError
 from ..platform.store.results_store import ResultsStore, selected_values
 from ..privacy.randomness_modes import RANDOMNESS, RANDOMNESS_LABELS
-from ..schema import FIELDS, HYPERPARAMETERS, METRICS, Metric, names, shown
+from ..schema import BATCH_SIZE, CLIP_BOUND, FIELDS, HYPERPARAMETERS, LEARNING_RATE, METRICS, Metric, names, shown
 from ..search_spaces.bracketing import AXES, edges
 
 CELL_AXES = ("dataset", "backbone", "epsilon", "epochs")
@@ -184,11 +184,11 @@ class Sweep:
         ``stopped`` and never enter the value.
         """
         private = self.trials[self.trials["private"]]
-        keys = ["cell_name", "clip_bound", "batch_size"]
+        keys = ["cell_name", CLIP_BOUND, BATCH_SIZE]
         per_lr = (private[private["value"].notna()]
-                  .groupby(keys + ["learning_rate"], dropna=False)
+                  .groupby(keys + [LEARNING_RATE], dropna=False)
                   .agg(**MEANS)
-                  .reset_index().sort_values(keys + ["learning_rate"]))
+                  .reset_index().sort_values(keys + [LEARNING_RATE]))
         best = per_lr.loc[per_lr.groupby(keys)["score"].idxmax()] if len(per_lr) else per_lr
         counts = per_lr.groupby(keys).size().rename("learning_rates")
         errored = (private.assign(errored=private["status"] == "error", stopped=private["status"] == "stopped")
@@ -212,8 +212,8 @@ class Sweep:
         Ties go to the smaller C, then B, then η. Non-private cells optimise (B, η) only (C: NaN).
         """
         done = self.finished()
-        settings = ["cell_name", "clip_bound", "batch_size", "learning_rate"]
-        done = done.assign(clip_bound=done["clip_bound"].where(done["private"]))
+        settings = ["cell_name", CLIP_BOUND, BATCH_SIZE, LEARNING_RATE]
+        done = done.assign(clip_bound=done[CLIP_BOUND].where(done["private"]))
         extra = {c: (c, "mean") for c in ("noise_multiplier", "steps", "noise_sqrt_steps", "clipped_fraction")
                  if c in done}
         per_setting = (done.groupby(settings, dropna=False)
@@ -251,10 +251,10 @@ class Sweep:
         none), by the rule bracketing uses (:func:`dptune.search_spaces.bracketing.edges`): η among
         those tried at its (C, B), C among those at its B, B among the cell's (:meth:`tried`). An
         optimum on the edge of what was searched may lie beyond it: the grid, not the problem, chose it."""
-        tried = self.tried(optimum["cell_name"])[["clip_bound", "batch_size", "learning_rate"]]
+        tried = self.tried(optimum["cell_name"])[[CLIP_BOUND, BATCH_SIZE, LEARNING_RATE]]
         rows = [tuple(float(v) for v in r) for r in tried.itertuples(index=False) if not pd.isna(r[1])]
-        point = (None if pd.isna(optimum["clip_bound"]) else float(optimum["clip_bound"]),
-                 float(optimum["batch_size"]), float(optimum["learning_rate"]))
+        point = (None if pd.isna(optimum[CLIP_BOUND]) else float(optimum[CLIP_BOUND]),
+                 float(optimum[BATCH_SIZE]), float(optimum[LEARNING_RATE]))
         fixed = {1: (), 0: (1,), 2: (1,) if point[0] is None else (1, 0)}   # the slice each axis is read in
         out = []
         for axis, side in sorted(edges(rows, point), key=lambda e: (e[0] != 1, e[0])):   # B, C, η
@@ -280,23 +280,23 @@ class Sweep:
         if clip_bound is None:
             cells, stats = self._settings_in_every_cell(table)
             # fewest cells where multi-fidelity stopped it first (it lost there), then the best mean
-            stats = stats.sort_values(["stopped_cells", "mean", "clip_bound", "batch_size"],
+            stats = stats.sort_values(["stopped_cells", "mean", CLIP_BOUND, BATCH_SIZE],
                                       ascending=[True, False, True, True])
             if stats.empty:
                 raise UserError(f"no (C, B) was run in all {cells} private cells (each cell searched its own "
                                  "batch sizes), so no single setting can be compared across them; "
                                  "--fixed C,B compares one anyway")
-            clip_bound, batch_size = float(stats["clip_bound"].iloc[0]), float(stats["batch_size"].iloc[0])
-        at = table[np.isclose(table["clip_bound"], clip_bound) & np.isclose(table["batch_size"], batch_size)]
+            clip_bound, batch_size = float(stats[CLIP_BOUND].iloc[0]), float(stats[BATCH_SIZE].iloc[0])
+        at = table[np.isclose(table[CLIP_BOUND], clip_bound) & np.isclose(table[BATCH_SIZE], batch_size)]
         stops = self.stopped_settings()
-        stopped_at = stops[np.isclose(stops["clip_bound"], clip_bound) & np.isclose(stops["batch_size"], batch_size)]
+        stopped_at = stops[np.isclose(stops[CLIP_BOUND], clip_bound) & np.isclose(stops[BATCH_SIZE], batch_size)]
         if at.empty and stopped_at.empty:
             raise UserError(f"the fixed setting C={clip_bound:g}, B={batch_size:g} was not run in any cell")
         optima = self.optima()
         optima = optima[optima["private"] & optima["value"].notna()]
-        out = optima[["cell_name", "clip_bound", "batch_size", "learning_rate", "value", "accuracy", "score"]].merge(
-            at[["cell_name", "learning_rate", "value", "accuracy", "score"]].rename(
-                columns={"learning_rate": "fixed_learning_rate", "value": "fixed_value", "accuracy": "fixed_accuracy",
+        out = optima[["cell_name", CLIP_BOUND, BATCH_SIZE, LEARNING_RATE, "value", "accuracy", "score"]].merge(
+            at[["cell_name", LEARNING_RATE, "value", "accuracy", "score"]].rename(
+                columns={LEARNING_RATE: "fixed_learning_rate", "value": "fixed_value", "accuracy": "fixed_accuracy",
                          "score": "fixed_score"}),
             on="cell_name", how="left")
         out["cost"] = out["score"] - out["fixed_score"]   # ≥ 0: how much worse, in the metric's units
@@ -314,7 +314,7 @@ class Sweep:
         table = self.heatmap_table().dropna(subset=["value"])
         _, stats = self._settings_in_every_cell(table)
         stops = self.stopped_settings()
-        tried = pd.concat([table[["clip_bound", "batch_size"]], stops[["clip_bound", "batch_size"]]])
+        tried = pd.concat([table[[CLIP_BOUND, BATCH_SIZE]], stops[[CLIP_BOUND, BATCH_SIZE]]])
         return len(stats), len(tried.drop_duplicates())
 
     def _settings_in_every_cell(self, table: pd.DataFrame) -> tuple[int, pd.DataFrame]:
@@ -322,7 +322,7 @@ class Sweep:
         multi-fidelity, in every one of them: their mean score where they have one, and in how many
         cells they were stopped (``stopped_cells``)."""
         cells = table["cell_name"].nunique()
-        keys = ["clip_bound", "batch_size"]
+        keys = [CLIP_BOUND, BATCH_SIZE]
         stops = self.stopped_settings()
         stopped = stops[["cell_name", *keys]].drop_duplicates()
         stopped = stopped.merge(table[["cell_name", *keys]].drop_duplicates(), on=["cell_name", *keys], how="left",
@@ -337,7 +337,7 @@ class Sweep:
         """The configurations multi-fidelity stopped in a private cell (every trial of theirs there
         stopped: none complete), each with the step it was stopped at and its rung (the stop's place
         among the distinct steps where that cell's runs at its B were stopped: 1 the first)."""
-        keys = ["cell_name", "clip_bound", "batch_size", "learning_rate"]
+        keys = ["cell_name", CLIP_BOUND, BATCH_SIZE, LEARNING_RATE]
         private = self.trials[self.trials["private"]]
         complete = private[private["value"].notna()][keys].drop_duplicates()
         stopped = private[private["status"] == "stopped"]
@@ -347,7 +347,7 @@ class Sweep:
         stopped = stopped.groupby(keys)["step"].min().reset_index()
         stopped = stopped.merge(complete, on=keys, how="left", indicator=True)
         stopped = stopped[stopped["_merge"] == "left_only"].drop(columns="_merge")
-        stopped["rung"] = stopped.groupby(["cell_name", "batch_size"])["step"].rank(method="dense").fillna(1).astype(int)
+        stopped["rung"] = stopped.groupby(["cell_name", BATCH_SIZE])["step"].rank(method="dense").fillna(1).astype(int)
         return stopped.reset_index(drop=True)
 
     def summary(self) -> pd.DataFrame:
@@ -363,8 +363,8 @@ class Sweep:
                    "errored": int((t["status"] == "error").sum()),
                    "stopped": int((t["status"] == "stopped").sum()),
                    "equivalent": int((t["status"] == "equivalent").sum()),
-                   "C": _values(t["clip_bound"]) if cell["private"] else "— (no clipping)",
-                   "B": _values(t["batch_size"]), "η": _values(t["learning_rate"]),
+                   "C": _values(t[CLIP_BOUND]) if cell["private"] else "— (no clipping)",
+                   "B": _values(t[BATCH_SIZE]), "η": _values(t[LEARNING_RATE]),
                    "best value": best["value"], "median value": values.median() if len(values) else np.nan,
                    "best accuracy": best["accuracy"], "median accuracy": t["accuracy"].median()}
             if "train_time_s" in t:
@@ -378,7 +378,7 @@ class Sweep:
     def errors(self) -> pd.DataFrame:
         """The errored trials: cell, (C, B, η) and the error message."""
         t = self.trials[self.trials["status"] == "error"]
-        cols = ["trial_id", "cell_name", "clip_bound", "batch_size", "learning_rate", "error"]
+        cols = ["trial_id", "cell_name", CLIP_BOUND, BATCH_SIZE, LEARNING_RATE, "error"]
         return t.reindex(columns=cols).reset_index(drop=True)
 
     def dataset_size(self, cell_name: str) -> int | None:
@@ -387,7 +387,7 @@ class Sweep:
         if "sample_rate" not in t:
             return None
         q = pd.to_numeric(t["sample_rate"], errors="coerce")
-        n = (t["batch_size"] / q)[q > 0].dropna()
+        n = (t[BATCH_SIZE] / q)[q > 0].dropna()
         return int(round(float(n.median()))) if len(n) else None
 
     def cell_option(self, cell_name: str, column: str, default: object = None) -> object:

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..schema import HYPERPARAMETERS
+from ..schema import BATCH_SIZE, CLIP_BOUND, HYPERPARAMETERS
 from ..search_spaces.comparisons import ALPHA, against_best
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def optimum_intervals(sets: pd.DataFrame, table: pd.DataFrame, alpha: float = AL
     return pd.DataFrame(rows)
 
 
-def compare_optima(intervals: pd.DataFrame, a: str, b: str, axis: str = "clip_bound") -> str:
+def compare_optima(intervals: pd.DataFrame, a: str, b: str, axis: str = CLIP_BOUND) -> str:
     """"larger", "smaller" or "not distinguishable": the optimal ``axis`` of cell ``a`` against cell
     ``b``, from their indistinguishable sets (see the module docstring); "unknown" without error bars."""
     ra, rb = (intervals.set_index("cell_name").loc[c] for c in (a, b))
@@ -189,7 +189,7 @@ def with_error_bars(sweep: "Sweep", heatmap: pd.DataFrame, optima: pd.DataFrame,
 
 
 #: The settings whose optimum :func:`between_cells` compares, and how its lines name them.
-COMPARED = {"clip_bound": "C", "batch_size": "B"}
+COMPARED = {CLIP_BOUND: "C", BATCH_SIZE: "B"}
 
 
 def between_cells(sweep: "Sweep", intervals: pd.DataFrame, across: str) -> tuple[list[str], int]:
@@ -226,7 +226,7 @@ def fixed_setting_lines(heatmap: pd.DataFrame, cost: pd.DataFrame, setting: tupl
     from .results import eta_note
 
     c, b = setting
-    at = heatmap[np.isclose(heatmap["clip_bound"], c) & np.isclose(heatmap["batch_size"], b)]
+    at = heatmap[np.isclose(heatmap[CLIP_BOUND], c) & np.isclose(heatmap[BATCH_SIZE], b)]
     at = at.set_index("cell_name")
     tuned = "learning_rates" in heatmap and int(heatmap["learning_rates"].max()) > 1
     name = f"fixed setting C={c:g}, B={b:g} ({eta_note(tuned)})"

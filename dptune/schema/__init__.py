@@ -6,7 +6,7 @@ reports is private, :mod:`.option_registries`).
 """
 from .figures import FIGURES, NON_PRIVATE_LABEL, Figure, figure, non_private, shown
 from .metrics import DEFAULT_METRIC, LOSS_OF, METRICS, SCORE, Metric, signed
-from .trial import FIELDS, HYPERPARAMETERS, PLAN_FIGURES, ROLES, OptionError, Rule, TrainConfig, check_option, names, option
+from .trial import BATCH_SIZE, CLIP_BOUND, FIELDS, HYPERPARAMETERS, LEARNING_RATE, PLAN_FIGURES, ROLES, OptionError, Rule, TrainConfig, check_option, names, option
 
-__all__ = ["FIGURES", "NON_PRIVATE_LABEL", "Figure", "figure", "non_private", "shown", "DEFAULT_METRIC", "LOSS_OF", "METRICS", "SCORE", "Metric", "signed", "FIELDS", "HYPERPARAMETERS", "PLAN_FIGURES", "ROLES", "OptionError", "Rule", "TrainConfig",
+__all__ = ["FIGURES", "NON_PRIVATE_LABEL", "Figure", "figure", "non_private", "shown", "DEFAULT_METRIC", "LOSS_OF", "METRICS", "SCORE", "Metric", "signed", "BATCH_SIZE", "CLIP_BOUND", "FIELDS", "HYPERPARAMETERS", "LEARNING_RATE", "PLAN_FIGURES", "ROLES", "OptionError", "Rule", "TrainConfig",
            "check_option", "names", "option"]

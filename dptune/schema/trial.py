@@ -249,10 +249,12 @@ def names(*, role: str | None = None, spec: str | None = None, searched: bool | 
 
 #: What every cell searches: (C, B, η), the heatmaps', the optimum's and the error bars' columns.
 HYPERPARAMETERS = names(role="hyperparameter")
+#: Their names, for code that reads them from a config or a table.
+CLIP_BOUND, BATCH_SIZE, LEARNING_RATE = HYPERPARAMETERS
 
 #: What may differ between the members of a pack (packed trials): C, η, ε and its σ; every other
 #: field is shared (B among them: the members see the same Poisson batches).
-PACK_MEMBER_FIELDS = ("clip_bound", "learning_rate", "epsilon", "noise_multiplier")
+PACK_MEMBER_FIELDS = (CLIP_BOUND, LEARNING_RATE, "epsilon", "noise_multiplier")
 
 #: The plan's figures: keys of a trial's flat config that the planner adds beside the training
 #: options (they are not :class:`TrainConfig` fields, and the trainer checks q and T against its own).

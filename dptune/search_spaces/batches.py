@@ -24,9 +24,10 @@ import pandas as pd
 from ..errors import UserError
 from ..privacy import calibrate_noise
 from ..privacy.schedule import num_steps, sample_rate
+from ..schema import BATCH_SIZE
 
 #: Columns of a batch plan, in order.
-COLUMNS = ("batch_size", "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "kept", "reason")
+COLUMNS = (BATCH_SIZE, "sample_rate", "steps", "noise_multiplier", "noise_sqrt_steps", "kept", "reason")
 #: Why a candidate was dropped.
 REASONS = ("exceeds_dataset", "min_steps", "off_plateau")
 #: Default minimum-step floor: a B with T < MIN_STEPS is dropped.
@@ -75,7 +76,7 @@ def candidate_rows(dataset_size: int, epochs: float, candidates: Iterable[int]) 
     rows = []
     for b in candidates:
         q, steps = sample_rate_and_steps(b, dataset_size, epochs)
-        rows.append({"batch_size": b, "sample_rate": q, "steps": steps, "noise_multiplier": math.nan,
+        rows.append({BATCH_SIZE: b, "sample_rate": q, "steps": steps, "noise_multiplier": math.nan,
                      "noise_sqrt_steps": math.nan, "kept": False,
                      "reason": "exceeds_dataset" if b > dataset_size else None})
     return rows

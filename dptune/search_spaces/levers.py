@@ -54,6 +54,7 @@ from ..privacy.schedule import epoch_end_steps
 from .bracketing import DEFAULT_MAX_EXTENSIONS
 from .racing import DEFAULT_MAX_SEEDS
 from .search_sections import MODEL_BASED, Scheduler, Search
+from ..schema import BATCH_SIZE
 
 if TYPE_CHECKING:
     from .search_sections import SearchSpace
@@ -237,7 +238,7 @@ def _scheduler_text(scheduler: Scheduler) -> str:
     grace = scheduler.grace_steps if scheduler.grace_steps is not None else scheduler.grace_epochs
     when = (f"rungs after {grace}·{scheduler.reduction_factor:g}^k {unit}" if scheduler.name == "asha"
             else f"from {grace} {unit} on")
-    within = "(cell, B)" if scheduler.within == "batch_size" else "cell"
+    within = "(cell, B)" if scheduler.within == BATCH_SIZE else "cell"
     return f" ({scheduler.name}, {when}, within each {within})"
 
 

@@ -8,6 +8,7 @@ from .planner import CellPlan, SweepPlan
 from .search_sections import MODEL_BASED
 from .proxy import MAX_AUTO_DIVISOR, MIN_AUTO_PROXY_BATCH, MIN_PROXY_SIGMA
 from .racing import seed_rounds
+from ..schema import BATCH_SIZE
 
 
 def _count(value: float) -> str:
@@ -42,10 +43,10 @@ def format_cell(plan: CellPlan, index: int, total: int, source: CellPlan | None 
         sigma = f"{row['noise_multiplier']:8.4f}" if fits else f"{'-':>8}"
         noise = f"{row['noise_sqrt_steps']:8.2f}" if fits else f"{'-':>8}"
         q = f"{row['sample_rate']:8.4g}" if fits else f"{'-':>8}"
-        status = _status(row) + (" *" if row["batch_size"] in recommended else "")
-        lrs = (" ".join(f"{plan.learning_rate(row['batch_size'], m):.3g}" for m in multipliers)
+        status = _status(row) + (" *" if row[BATCH_SIZE] in recommended else "")
+        lrs = (" ".join(f"{plan.learning_rate(row[BATCH_SIZE], m):.3g}" for m in multipliers)
                if row["searched"] else "")
-        line = f"  {row['batch_size']:>6}  {q}  {row['steps']:>7}  {sigma}  {noise}  {status:<18}  {lrs}"
+        line = f"  {row[BATCH_SIZE]:>6}  {q}  {row['steps']:>7}  {sigma}  {noise}  {status:<18}  {lrs}"
         lines.append(line.rstrip())
     steps, examples = plan.expected_cost()
     search = plan.space.search

@@ -28,7 +28,7 @@ import pandas as pd
 
 from ..errors import UserError, NotFound
 from ..privacy import calibrate_noise
-from ..schema import METRICS, PLAN_FIGURES
+from ..schema import BATCH_SIZE, CLIP_BOUND, LEARNING_RATE, METRICS, PLAN_FIGURES
 from .batches import COLUMNS, Row, batch_rows, candidate_rows, rows_frame, spread
 from .bracketing import extended, extended_batch_size
 from .racing import looks
@@ -137,7 +137,7 @@ class CellPlan:
 
     @cached_property
     def searched_batch_sizes(self) -> tuple[int, ...]:
-        return tuple(row["batch_size"] for row in self.rows if row["searched"])
+        return tuple(row[BATCH_SIZE] for row in self.rows if row["searched"])
 
     @cached_property
     def clip_bounds(self) -> tuple[float, ...]:
@@ -195,7 +195,7 @@ class CellPlan:
     def row(self, batch_size: int) -> Row:
         """The plan's row of ``batch_size``: a candidate's, or for a B that bracketing added, its own
         (:meth:`added_row`)."""
-        found = next((row for row in self.rows if row["batch_size"] == batch_size), None)
+        found = next((row for row in self.rows if row[BATCH_SIZE] == batch_size), None)
         return found if found is not None else self.added_row(batch_size)
 
     def added_row(self, batch_size: int) -> Row:
@@ -216,9 +216,9 @@ class CellPlan:
                                                                 sketch_k=options.sketch_k)
 
             pruning = self.space.pruning
-            rows = batch_rows(self.dataset_size, c.epochs, sorted({*(int(r["batch_size"]) for r in kept), batch_size}),
+            rows = batch_rows(self.dataset_size, c.epochs, sorted({*(int(r[BATCH_SIZE]) for r in kept), batch_size}),
                               sigma, min_steps=pruning.min_steps, plateau_tol=pruning.plateau_tol)
-            added[batch_size] = {**next(r for r in rows if r["batch_size"] == batch_size), "searched": True}
+            added[batch_size] = {**next(r for r in rows if r[BATCH_SIZE] == batch_size), "searched": True}
         return added[batch_size]
 
     def learning_rate(self, batch_size: int, multiplier: float) -> float:
@@ -231,8 +231,8 @@ class CellPlan:
         c = self.cell
         sigma = float(row["noise_multiplier"])
         train = {"dataset": c.dataset.name, "model": c.backbone.name, "epsilon": c.epsilon, "delta": c.delta,
-                 "epochs": c.epochs, "clip_bound": float(clip_bound), "batch_size": int(batch_size),
-                 "learning_rate": self.learning_rate(batch_size, lr_multiplier), "seed": int(seed),
+                 "epochs": c.epochs, CLIP_BOUND: float(clip_bound), BATCH_SIZE: int(batch_size),
+                 LEARNING_RATE: self.learning_rate(batch_size, lr_multiplier), "seed": int(seed),
                  "noise_multiplier": sigma, **self.trial.config(), **axis_fields(c.backbone, c.dataset)}
         if self.space.selection.validation_fraction:
             train["validation_fraction"] = self.space.selection.validation_fraction
@@ -279,7 +279,7 @@ class CellPlan:
         if k == 1:
             return full
         run = self.proxy(batch_size)
-        return {**full, "batch_size": run.batch_size, "epochs": run.epochs, "noise_multiplier": run.noise_multiplier,
+        return {**full, BATCH_SIZE: run.batch_size, "epochs": run.epochs, "noise_multiplier": run.noise_multiplier,
                 "sample_rate": run.sample_rate, "steps": run.steps,
                 "noise_sqrt_steps": run.noise_multiplier * math.sqrt(run.steps),
                 "proxy_divisor": k, "full_batch_size": int(batch_size)}
@@ -336,7 +336,7 @@ class CellPlan:
         configs = self.grid if algorithm in MODEL_BASED or undrawn else self.configurations()
         if not configs:
             return 0.0, 0.0
-        steps_of = {row["batch_size"]: row["steps"] for row in self.rows}
+        steps_of = {row[BATCH_SIZE]: row["steps"] for row in self.rows}
         steps = np.array([steps_of[b] for _, b, _ in configs], dtype=float)
         batches = np.array([b for _, b, _ in configs], dtype=float)
         if self.proxied:   # proxies at B/k; the final full-scale run counted by final_cost
@@ -388,8 +388,8 @@ class CellPlan:
         if not self.proxied:
             return 0.0, 0.0
         seeds = len(self.space.seeds)
-        row = max((self.row(b) for b in self.searched_batch_sizes), key=lambda r: r["steps"] * r["batch_size"])
-        return float(row["steps"] * seeds), float(row["steps"] * row["batch_size"] * seeds)
+        row = max((self.row(b) for b in self.searched_batch_sizes), key=lambda r: r["steps"] * r[BATCH_SIZE])
+        return float(row["steps"] * seeds), float(row["steps"] * row[BATCH_SIZE] * seeds)
 
 
 @dataclass(frozen=True)
@@ -613,9 +613,9 @@ def plan_sweep(spec: Spec, catalog: Catalog, *, workers: int | None = None, prog
         rows = batch_rows(sizes[c.dataset], c.epochs, space.batch_sizes,
                           lambda q, t, c=c: sigmas[request(c, q, t)] if c.private else 0.0,
                           min_steps=pruning.min_steps, plateau_tol=pruning.plateau_tol)
-        chosen = spread([row["batch_size"] for row in rows if row["kept"]], pruning.max_batch_sizes)
+        chosen = spread([row[BATCH_SIZE] for row in rows if row["kept"]], pruning.max_batch_sizes)
         for row in rows:
-            row["searched"] = row["batch_size"] in chosen
+            row["searched"] = row[BATCH_SIZE] in chosen
         plans.append(CellPlan(c, sizes[c.dataset], c.dataset.name in catalog.datasets,
                               not strict and c.dataset.name in space.dataset_sizes, tuple(rows), space,
                               privacy.get(c, {}), validation[c.dataset]))
@@ -649,6 +649,6 @@ def _selection_noise(cells: list[Cell], candidates: dict, space: SearchSpace, va
             except ValueError as exc:
                 raise UserError(f"selection.score_noise: cell {c.key}: {exc}") from None
             sigmas[request(c, q, steps)] = sigma
-            privacy.setdefault(c, {})[row["batch_size"]] = selection_privacy(
+            privacy.setdefault(c, {})[row[BATCH_SIZE]] = selection_privacy(
                 sigma, q, steps, score_multiplier=score, count=count, delta=c.delta)
     return sigmas, privacy

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..privacy.validation import check_estimator
-from ..schema import FIELDS, names
+from ..schema import BATCH_SIZE, CLIP_BOUND, FIELDS, LEARNING_RATE, names
 from ..schema.metrics import TASK_METRICS
 from .batches import MIN_STEPS, PLATEAU_TOL
 from .bracketing import DEFAULT_MAX_EXTENSIONS
@@ -46,7 +46,7 @@ ALGORITHM_NAMES = {"tpe": "optuna"}
 #: The algorithms that propose each configuration from the results so far (Optuna's TPE and GP samplers).
 MODEL_BASED = ("optuna", "gp")
 #: What an early-stopping scheduler compares a trial with: the cell's trials of the same B, or all of them.
-SCHEDULER_GROUPS = ("batch_size", "cell")
+SCHEDULER_GROUPS = (BATCH_SIZE, "cell")
 #: Trial options a spec may set (the trial schema's fields with ``spec=("trial",)``).
 TRIAL_OPTIONS = names(spec="trial")
 #: Trial options that may be given a list of values, e.g. ``trial: {denoise: [null, rmt]}``: each value
@@ -149,7 +149,7 @@ class Scheduler:
     #: share their steps per epoch; ``cell`` every trial of the cell. Across B, early epochs mislead:
     #: at B = 512 an epoch is a few steps, so large-B trials look worst at the first rung although
     #: they often end best (measured in BENCHMARKS.md, "Time to an answer").
-    within: str = "batch_size"
+    within: str = BATCH_SIZE
     #: the first rung in optimizer steps instead of epochs (then steps are the resource)
     grace_steps: int | None = None
 
@@ -309,7 +309,7 @@ class SearchSpace:
     @classmethod
     def from_spec(cls, spec: Spec) -> "SearchSpace":
         """The spec's search space as written (:func:`~.levers.with_levers` decides the levers it did not name)."""
-        return cls(spec["axes"], spec["clip_bound"], spec["batch_size"], spec["learning_rate"], spec["pruning"],
+        return cls(spec["axes"], spec[CLIP_BOUND], spec[BATCH_SIZE], spec[LEARNING_RATE], spec["pruning"],
                    spec["search"], spec["seeds"], spec["trial"], spec["dataset_sizes"], spec["selection"])
 
 
@@ -416,10 +416,10 @@ def parse_axes(value: Any, catalog: Catalog) -> Axes:
     )
 
 
-@register_section("clip_bound", required=True, summary="the clipping-bound grid C")
+@register_section(CLIP_BOUND, required=True, summary="the clipping-bound grid C")
 def parse_clip_bound(value: Any, catalog: Catalog) -> tuple[float, ...]:
     if isinstance(value, Mapping):
-        raw = mapping(value, "clip_bound", ("min", "max", "num"))
+        raw = mapping(value, CLIP_BOUND, ("min", "max", "num"))
         missing = [k for k in ("min", "max", "num") if k not in raw]
         if missing:
             raise SpecError(f"clip_bound.{missing[0]}: required for a log-spaced grid (min, max, num)")
@@ -428,18 +428,18 @@ def parse_clip_bound(value: Any, catalog: Catalog) -> tuple[float, ...]:
         if num > 1 and not hi > lo:
             raise SpecError(f"clip_bound.max: must be > clip_bound.min ({lo:g}); got {hi:g}")
         return tuple(float(c) for c in np.geomspace(lo, hi, num))
-    return tuple(sorted(one_or_many(value, "clip_bound", _positive)))
+    return tuple(sorted(one_or_many(value, CLIP_BOUND, _positive)))
 
 
-@register_section("batch_size", required=True, summary="the batch-size candidates B")
+@register_section(BATCH_SIZE, required=True, summary="the batch-size candidates B")
 def parse_batch_size(value: Any, catalog: Catalog) -> tuple[int, ...]:
-    return tuple(sorted(one_or_many(value, "batch_size", lambda v, p: integer(v, p, ge=1))))
+    return tuple(sorted(one_or_many(value, BATCH_SIZE, lambda v, p: integer(v, p, ge=1))))
 
 
-@register_section("learning_rate", required=True,
+@register_section(LEARNING_RATE, required=True,
                   summary="reference, reference_batch_size and multipliers of η(B) = η_ref·√(B/B_ref)·m")
 def parse_learning_rate(value: Any, catalog: Catalog) -> LearningRate:
-    raw = mapping(value, "learning_rate", ("reference", "reference_batch_size", "multipliers"))
+    raw = mapping(value, LEARNING_RATE, ("reference", "reference_batch_size", "multipliers"))
     for key in ("reference", "reference_batch_size"):
         if key not in raw:
             raise SpecError(f"learning_rate.{key}: required")
@@ -521,7 +521,7 @@ def parse_search(value: Any, catalog: Catalog) -> Search:
 
 
 #: The keys of a starting point (``search.start``), in the order of a configuration.
-START_KEYS = ("clip_bound", "batch_size", "lr_multiplier")
+START_KEYS = (CLIP_BOUND, BATCH_SIZE, "lr_multiplier")
 
 
 def parse_start(value: Any) -> tuple[tuple[float, int, float], ...]:
@@ -538,8 +538,8 @@ def parse_start(value: Any) -> tuple[tuple[float, int, float], ...]:
         missing = [k for k in START_KEYS if k not in raw]
         if missing:
             raise SpecError(f"search.start[{i}].{missing[0]}: required (a starting point is C, B and η's multiplier)")
-        out.append((_positive(raw["clip_bound"], f"search.start[{i}].clip_bound"),
-                    integer(raw["batch_size"], f"search.start[{i}].batch_size", ge=1),
+        out.append((_positive(raw[CLIP_BOUND], f"search.start[{i}].clip_bound"),
+                    integer(raw[BATCH_SIZE], f"search.start[{i}].batch_size", ge=1),
                     _positive(raw["lr_multiplier"], f"search.start[{i}].lr_multiplier")))
     return tuple(out)
 

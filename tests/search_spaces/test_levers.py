@@ -196,5 +196,6 @@ def test_a_spec_may_bound_a_packs_members_and_the_plan_says_what_each_cell_packs
     assert "each alone (non-private: no clipping to pack)" in cpu.cell_line(baseline)
     gpu = PackPolicy.for_sweep(plan.space.search, Resources(gpu=1))
     assert gpu.cell_line(private).startswith("  packs: B=20, 150: configurations")
-    assert PackPolicy.for_sweep(plan.space.search, Resources(workers=2)) is None
+    # trials on several workers pack too (issue 49), as one-worker trials on the same device would
+    assert PackPolicy.for_sweep(plan.space.search, Resources(workers=2)).cell_line(private) == cpu.cell_line(private)
     assert cpu.cell_line(private) in format_plan(plan, pack_line=cpu.cell_line)

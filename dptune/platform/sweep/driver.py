@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 import ray
 from ray import tune
 
-from ...schema import DEFAULT_METRIC, SCORE
+from ...schema import BATCH_SIZE, DEFAULT_METRIC, SCORE
 from ...errors import UserError
 from ...timeline import mark
 from ...search_spaces import SweepPlan, format_plan, load_spec, plan_sweep
@@ -163,8 +163,8 @@ def plan_record(plan: SweepPlan) -> dict:
     return {"pruning": {"min_steps": pruning.min_steps, "plateau_tol": pruning.plateau_tol,
                         "max_batch_sizes": pruning.max_batch_sizes},
             "cells": {c.cell.key: {"dataset_size": c.dataset_size,
-                                   "batch_sizes": [int(r["batch_size"]) for r in c.rows],
-                                   "kept": [int(r["batch_size"]) for r in c.rows if r["kept"]],
+                                   "batch_sizes": [int(r[BATCH_SIZE]) for r in c.rows],
+                                   "kept": [int(r[BATCH_SIZE]) for r in c.rows if r["kept"]],
                                    "searched": [int(b) for b in c.searched_batch_sizes],
                                    "trials": c.num_trials, "epochs": c.cell.epochs} for c in plan}}
 

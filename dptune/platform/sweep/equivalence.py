@@ -17,6 +17,7 @@ from .kept import config_id
 from ..store.layout import EQUIVALENT_FILE, OLD_EQUIVALENT_FILE, ExperimentPaths
 from ..store.results_store import ResultsStore, to_json
 from .trial_config import resolved
+from ...schema import CLIP_BOUND
 
 class EquivalenceLog:
     """Keeps the searcher's equivalent trials (``{"source": Ray trial id, "config": trial config}``)
@@ -55,7 +56,7 @@ def write_equivalent_rows(paths: ExperimentPaths) -> int:
         source, config = e["source"], e["config"]
         if source not in trials.index or trials.loc[source, "status"] not in ("finished", "proxy"):
             continue
-        c = float(config["clip_bound"])
+        c = float(config[CLIP_BOUND])
         row = {k: _plain(v) for k, v in trials.loc[source].items() if k != "written_at"}
         status = "equivalent" if row["status"] == "finished" else row["status"]   # a proxy's stays a proxy
         row.update(trial_id=equivalent_id(source, c), status=status, clip_bound=c, equivalent_to=source,

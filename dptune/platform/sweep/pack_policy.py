@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...schema.trial import PACK_MEMBER_FIELDS
+from ...schema import BATCH_SIZE
 
 if TYPE_CHECKING:
     from ...search_spaces.planner import CellPlan
@@ -66,7 +67,7 @@ class PackPolicy:
                 return f"{option} is not supported in a pack"
         if config.get("score_noise") is not None:
             return "private selection's noisy score has no packed path"
-        if self.max_batch_size is not None and int(config.get("batch_size", 0)) > self.max_batch_size:
+        if self.max_batch_size is not None and int(config.get(BATCH_SIZE, 0)) > self.max_batch_size:
             return f"B > {self.max_batch_size} on a CPU, where a pack does not pay"
         return None
 
@@ -79,7 +80,7 @@ class PackPolicy:
         reasons: dict[str, list[int]] = {}
         packed = []
         for b in plan.searched_batch_sizes:
-            config = {"epsilon": plan.cell.epsilon, "batch_size": b, **plan.space.trial.fixed}
+            config = {"epsilon": plan.cell.epsilon, BATCH_SIZE: b, **plan.space.trial.fixed}
             why = self.refusal(config)
             if why is None:
                 packed.append(b)

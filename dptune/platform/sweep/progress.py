@@ -8,7 +8,7 @@ from typing import Callable, TextIO
 
 from ray import tune
 
-from ...schema import DEFAULT_METRIC, METRICS
+from ...schema import BATCH_SIZE, CLIP_BOUND, DEFAULT_METRIC, LEARNING_RATE, METRICS
 from ..store.layout import ExperimentPaths, added_trials
 from ..store.records import reported, stopped_early
 from .trial_errors import error_line
@@ -116,8 +116,8 @@ class TrialLines(tune.Callback):
         """The trial's cell and its C, B, η and seed."""
         train = trial.config if isinstance(trial.config, dict) else {}
         parts = [str(train.get("cell", trial.trial_id))]
-        if "clip_bound" in train:
-            parts.append(f"C={train['clip_bound']:g} B={train.get('batch_size')} η={train.get('learning_rate', 0):.3g}"
+        if CLIP_BOUND in train:
+            parts.append(f"C={train[CLIP_BOUND]:g} B={train.get(BATCH_SIZE)} η={train.get(LEARNING_RATE, 0):.3g}"
                          + (f" seed={train['seed']}" if "seed" in train else ""))
         return parts
 

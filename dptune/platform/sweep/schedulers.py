@@ -34,7 +34,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 
 from ...errors import UserError
-from ...schema import SCORE
+from ...schema import BATCH_SIZE, SCORE
 from ...search_spaces.search_sections import Scheduler
 from ..store.durable import read_file, write_bytes
 from ..store.layout import ExperimentPaths
@@ -154,7 +154,7 @@ class PerCellScheduler(FIFOScheduler):
         # whose lead seed passed every rung (the decision was taken on the lead: cell_search.CellSearch)
         if cell is None or config.get("final") or config.get("follower"):
             return None
-        group = cell if self.settings.within == "cell" else f"{cell}/B={config.get('batch_size')}"
+        group = cell if self.settings.within == "cell" else f"{cell}/B={config.get(BATCH_SIZE)}"
         if group not in self.cells:
             self.cells[group] = self.make(float(config["epochs"]))
         return self.cells[group]

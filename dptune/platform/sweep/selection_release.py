@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Iterable, TextIO
 
+from ...schema import BATCH_SIZE, CLIP_BOUND, LEARNING_RATE
 from .kept import config_id
 from ..store.layout import ExperimentPaths
 from ..store.records import epoch_rows, gradnorm_rows, trial_row
@@ -66,7 +67,7 @@ def release_selections(results: Iterable, paths: ExperimentPaths, *, out: TextIO
         store.write_trial(row, epoch_rows(history, row["metric"]), gradnorm_rows(history))
         written.append(row)
         print(f"dptune: private selection of {cell}: K={k}, per-trial ε={row['trial_epsilon']:.3g}, total "
-              f"ε={row['total_epsilon']:.3g}; released trial {row['trial_id']} (C={row['clip_bound']:g}, "
-              f"B={row['batch_size']}, η={row['learning_rate']:.3g}, noisy score {row['selection_score']:.4f}), "
+              f"ε={row['total_epsilon']:.3g}; released trial {row['trial_id']} (C={row[CLIP_BOUND]:g}, "
+              f"B={row[BATCH_SIZE]}, η={row[LEARNING_RATE]:.3g}, noisy score {row['selection_score']:.4f}), "
               f"test accuracy {row['test_accuracy']:.4f}", file=out)
     return written

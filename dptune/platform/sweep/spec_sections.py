@@ -21,6 +21,7 @@ from ...search_spaces.spec import Catalog, SpecError, integer, mapping, number, 
 from ..store.layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE
 from .pack_policy import PACK
 from . import starts  # noqa: F401  (registers search.prior's check: an earlier sweep's store, read before Ray)
+from ...schema import BATCH_SIZE
 
 if TYPE_CHECKING:
     from ray import tune
@@ -43,7 +44,7 @@ class Resources:
 
     def workers_for(self, config: dict) -> int:
         """W for one trial's flat config, or a pack's (its members share B): 1 below ``workers_from_batch_size``."""
-        batch = (config[PACK][0] if PACK in config else config).get("batch_size")
+        batch = (config[PACK][0] if PACK in config else config).get(BATCH_SIZE)
         if self.workers_from_batch_size is not None and batch is not None and int(batch) < self.workers_from_batch_size:
             return 1
         return self.workers

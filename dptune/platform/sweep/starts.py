@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 from ...search_spaces.spec import Catalog, Spec, SpecError, register_check
 from ..store.layout import ExperimentPaths
 from ..store.results_store import ResultsStore, selected_values
+from ...schema import BATCH_SIZE, CLIP_BOUND
 
 if TYPE_CHECKING:
     from ...search_spaces.planner import CellPlan
@@ -36,7 +37,7 @@ def prior_optima(folder: str) -> dict[str, tuple[float, float, int, float]]:
     done = trials[trials["status"].isin(["finished", "equivalent"]) & trials["score"].notna()].copy()
     done["lr_multiplier"] = [json.loads(c).get("lr_multiplier", math.nan) if isinstance(c, str) else math.nan
                              for c in done.get("config_json", [None] * len(done))]
-    keys = ["cell", "epsilon", "clip_bound", "batch_size", "lr_multiplier"]
+    keys = ["cell", "epsilon", CLIP_BOUND, BATCH_SIZE, "lr_multiplier"]
     means = done.dropna(subset=["lr_multiplier"]).groupby(keys)["score"].mean().reset_index()
     best = means.loc[means.groupby("cell")["score"].idxmax()] if len(means) else means
     return {r.cell: (float(r.epsilon), float(r.clip_bound), int(r.batch_size), float(r.lr_multiplier))

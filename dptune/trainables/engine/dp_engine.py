@@ -44,7 +44,7 @@ from torch import nn
 from ...errors import UserError
 from ...privacy.validation import check_estimator
 from .batching import Inputs, batch_len, members_shape, micro_batches, repeat_rows, select_rows
-from ...schema import check_option
+from ...schema import CLIP_BOUND, check_option
 from .noise import GaussianNoise
 from .per_sample import LossFn, check_model, trainable_parameters
 from .randomness import Stream
@@ -126,7 +126,7 @@ class DPEngine:
             raise UserError(f"a pack of {members} members needs {members} clip bounds and noise multipliers; "
                             f"got {len(bounds)} and {len(sigmas)}")
         for c, s in zip(bounds, sigmas):
-            check_option("clip_bound", c)   # the trainer's own rule for each (dptune/schema/trial.py)
+            check_option(CLIP_BOUND, c)   # the trainer's own rule for each (dptune/schema/trial.py)
             check_option("noise_multiplier", s)
         for name, value in (("clip_fn", clip_fn), ("max_physical_batch_size", max_physical_batch_size),
                             ("precision", precision)):
