@@ -12,8 +12,9 @@ under ``members``); the per-epoch history (curves, per-class gradient-norm stati
 checkpoint, where the driver-side store callback reads it.
 
 After each report a pack retires the members the scheduler stopped
-(:class:`dptune.platform.sweep.packs.PackStops`: the scheduler decided on that report before the report
-returns); on several workers rank 0 reads them and every worker retires the same.
+(:class:`dptune.platform.sweep.packs.PackStops`: in a Tune trial the scheduler decided on that report before
+the report returns; on Ray Train workers rank 0 waits until the trial's Tune function has relayed it,
+reads them, and every worker retires the same).
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from .trial_config import plan_figures, train_config
 
 #: Sends one epoch's report with the run's checkpoint (None: another worker's, which rank 0 writes).
 Send = Callable[[dict, "dict | None"], None]
+#: The members of a pack the scheduler stopped, read after a report (True) or when restored (False).
+Stops = Callable[[bool], "list[int]"]
 
 
 def run_trial(config: dict, on_workers: Callable[[dict], None] | None = None) -> None:
@@ -46,36 +49,36 @@ def run_trial(config: dict, on_workers: Callable[[dict], None] | None = None) ->
     if on_workers is not None:
         on_workers(config)
         return
+    trial_id = ray.tune.get_context().get_trial_id()
     train_trial(config, tune_adapter.report, state=tune_adapter.restore_state(),
-                trial_id=ray.tune.get_context().get_trial_id())
+                stops=lambda _: stopped_members(trial_id))
 
 
 def train_trial(config: dict, send: Send, *, state: dict | None = None, workers: Workers | None = None,
-                trial_id: str | None = None) -> Trainer | PackTrainer:
+                stops: Stops | None = None) -> Trainer | PackTrainer:
     """Build the run of a trial's ``config`` (:func:`planned_run`) on ``workers``, restore it from
     ``state`` (a checkpoint's), train it to its end and ``send`` every epoch's report
-    (:func:`trial_report`) with the run's checkpoint (rank 0's only). ``trial_id``: the pack trial whose
-    stopped members (:class:`~dptune.platform.sweep.packs.PackStops`) are retired after each report."""
+    (:func:`trial_report`) with the run's checkpoint (rank 0's only). A pack retires the members ``stops``
+    names (rank 0 reads them, every worker retires them) after each report and when restored."""
     workers = workers or Workers()
     run = planned_run(config, workers)
     mark("trainer_built")
     metric = (member_configs(config)[0] if PACK in config else config).get("metric", DEFAULT_METRIC)
 
-    def apply_stops() -> None:
-        if not isinstance(run, PackTrainer) or trial_id is None:
+    def apply_stops(reported: bool) -> None:
+        if not isinstance(run, PackTrainer) or stops is None:
             return
-        stops = workers.shared(lambda: stopped_members(trial_id))
-        for k in stops:
+        for k in workers.shared(lambda: stops(reported)):
             if bool(run.engine.active[k]):
                 run.retire(k)
 
     def report(epoch: list) -> None:
         send(trial_report(run, metric), run.checkpoint() if workers.rank == 0 else None)
-        apply_stops()
+        apply_stops(True)
 
     if state is not None:
         run.restore(state)
-        apply_stops()   # stopped before the driver failed: the scheduler's saved decision
+        apply_stops(False)   # stopped before the driver failed: the scheduler's saved decision
     fit(run, report, restored=state is not None)
     mark("trial_end", train_time_s=run.train_time_s)
     return run

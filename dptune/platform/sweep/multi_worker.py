@@ -7,7 +7,9 @@ on CPU, NCCL on GPU), Ray's supported way to nest Train in Tune. Every worker ru
 :class:`~dptune.trainables.engine.distributed.ProcessGroupWorkers`: the same global Poisson batch split into
 shards, the clipped sums (a pack's: each member's) all-reduced, the noise drawn once (identically on every
 worker), identical optimizer steps (see :mod:`dptune.trainables.engine.distributed`); a pack's members
-the scheduler stopped are read by rank 0 and retired on every worker.
+the scheduler stopped are read by rank 0 once this trial's Tune function has relayed the epoch's
+report (the scheduler decides while Tune's report blocks; a queue tells rank 0 it returned) and
+retired on every worker.
 
 Checkpoints: after every epoch rank 0 reports the run's state (weights, optimizer, the generators,
 which are in the same state on every worker, step, history) as a Ray Train checkpoint; the Tune
@@ -32,7 +34,8 @@ from ...trainables.epoch_loop import TrialDiverged, divergence
 from ...trainables.training import check_workers
 from . import tune_adapter
 from .spec_sections import Resources
-from .dp_trial import train_trial
+from .dp_trial import stopped_members, train_trial
+from .pack_policy import PACK
 
 
 
@@ -51,9 +54,10 @@ def run_on_workers(config: dict, resources: Resources, *, max_failures: int, sto
     else:
         check_workers(state.get("trainer") or state["pack"], resources.workers)   # before any worker starts
     reports = Queue(actor_options={"num_cpus": 0})
+    relayed = Queue(actor_options={"num_cpus": 0}) if PACK in config else None   # a pack's stops wait for it
     per_worker = {"CPU": resources.cpu, **({"GPU": resources.gpu} if resources.gpu else {})}
     trainer = TorchTrainer(
-        _worker_loop, train_loop_config={"config": config, "restore": restored,
+        _worker_loop, train_loop_config={"config": config, "restore": restored, "relayed": relayed,
                                          "trial_id": tune.get_context().get_trial_id()},
         torch_config=TorchConfig(backend="nccl" if resources.gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=resources.workers, use_gpu=resources.gpu > 0,
@@ -82,6 +86,8 @@ def run_on_workers(config: dict, resources: Resources, *, max_failures: int, sto
                     break
                 continue
             tune_adapter.report(metrics, state=tune_adapter.checkpoint_state(checkpoint))
+            if relayed is not None:   # the scheduler has decided on this report: rank 0 may read its stops
+                relayed.put(True)
             why = divergence(metrics)
             if why is not None:   # the workers reported it and ended (a divergence is no worker failure)
                 thread.join()
@@ -114,7 +120,14 @@ def _worker_loop(loop_config: dict) -> None:
         config = {**config, "device": str(device)}
     # Train's latest checkpoint (after a worker restart), else the one Tune restored the trial from
     state = tune_adapter.restorable_state(ray.train.get_checkpoint() or loop_config.get("restore"))
-    train_trial(config, tune_adapter.train_report, state=state, workers=workers, trial_id=loop_config.get("trial_id"))
+    relayed = loop_config.get("relayed")
+
+    def stops(reported: bool) -> list[int]:   # rank 0 only (ProcessGroupWorkers.shared)
+        if reported and relayed is not None:
+            relayed.get()
+        return stopped_members(loop_config["trial_id"])
+
+    train_trial(config, tune_adapter.train_report, state=state, workers=workers, stops=stops)
 
 
 class _Relay(ray.train.UserCallback):
