@@ -12,7 +12,7 @@ from torch import nn
 from dptune.trainables import DPEngine
 from dptune.trainables.engine.book_keeping import BookKeepingEngine
 from dptune.trainables.engine.clip_factors import flat_clip
-from dptune.trainables.engine.layer_rules import prefer_ghost
+from dptune.trainables.engine.rules.linear import prefer_ghost
 from dptune.trainables.models.catalog import create_model
 from dptune.trainables.engine.per_sample import VmapNormEngine
 
@@ -361,7 +361,7 @@ def test_no_example_counts_for_more_than_its_norm_whatever_branch_it_takes(budge
                                                               ((3, 2), (2, 1), (2, 0), (2, 3)),
                                                               ((1, 1), (1, 1), (0, 0), (2, 2))])
 def test_unfolded_patches_are_torch_unfold(kernel, dilation, padding, stride):
-    from dptune.trainables.engine.layer_rules import unfold_patches
+    from dptune.trainables.engine.rules.base import unfold_patches
 
     conv = nn.Conv2d(3, 4, kernel, stride=stride, padding=padding, dilation=dilation)
     x = torch.randn(5, 3, 9, 11, dtype=torch.float64)

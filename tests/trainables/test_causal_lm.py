@@ -15,7 +15,7 @@ from dptune.schema import TrainConfig
 from dptune.trainables import DPEngine
 from dptune.trainables.data.generation import IGNORE, MIN_PROMPT_TOKENS, encode_pairs, text_pairs
 from dptune.trainables.engine.book_keeping import BookKeepingEngine
-from dptune.trainables.engine.layer_rules import LLAMA_RMS_NORMS
+from dptune.trainables.engine.rules.normalisation import LLAMA_RMS_NORMS
 from dptune.trainables.models.catalog import create_model
 from dptune.trainables.tasks import completion_nll
 from dptune.trainables.training import Trainer

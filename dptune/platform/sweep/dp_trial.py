@@ -31,9 +31,8 @@ from ...trainables.epoch_loop import divergence, fit
 from ...trainables.pack_training import PackTrainer
 from ...trainables.training import PrivacyPlan, Trainer
 from . import tune_adapter
-from .pack_policy import PACK, member_configs
 from .packs import pack_stops
-from .trial_config import plan_figures, train_config
+from .trial_config import PACK, member_configs, plan_figures, train_config
 
 #: Sends one epoch's report with the run's checkpoint (None: another worker's, which rank 0 writes).
 Send = Callable[[dict, "dict | None"], None]

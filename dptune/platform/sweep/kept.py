@@ -20,7 +20,7 @@ from typing import Callable
 from ...schema import DEFAULT_METRIC, METRICS, SCORE
 from ...schema.metrics import SCORES
 from . import tune_adapter
-from .pack_policy import PACK
+from .trial_config import PACK
 from ..store.results_store import ResultsStore, selected_values
 
 #: Set in the one report of a trial that was kept from the store (the store callback skips it).

@@ -35,7 +35,7 @@ from ...trainables.training import check_workers
 from . import tune_adapter
 from .spec_sections import Resources
 from .dp_trial import stopped_members, train_trial
-from .pack_policy import PACK
+from .trial_config import PACK
 
 
 

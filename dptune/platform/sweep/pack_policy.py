@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING
 
 from ...schema.trial import PACK_MEMBER_FIELDS
 from ...schema import BATCH_SIZE
+from .trial_config import PACK
 
 if TYPE_CHECKING:
     from ...search_spaces.planner import CellPlan
     from ...search_spaces.search_sections import Search
     from .spec_sections import Resources
 
-#: The key of a pack's Ray Tune config: its members' trial configs.
-PACK = "pack"
 #: Members of a pack at most (more share one model's memory and one step's time).
 MAX_MEMBERS = 32
 #: The largest B packed on a CPU: where a pack was measured to pay there (BENCHMARKS.md, session 15:
@@ -122,6 +121,3 @@ def pack_config(members: list[dict]) -> dict:
     return members[0] if len(members) == 1 else {PACK: list(members)}
 
 
-def member_configs(config: dict) -> list[dict]:
-    """The trial configs a Ray Tune config stands for: a pack's members, or itself."""
-    return list(config[PACK]) if PACK in config else [config]

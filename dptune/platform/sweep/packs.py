@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 import ray
 from ray import tune
 
-from .pack_policy import PACK
+from .trial_config import PACK
 from ..store.records import stopped_early
 
 #: The namespace of the Ray actor through which the scheduler tells a running pack which members to

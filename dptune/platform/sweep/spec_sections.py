@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...search_spaces.spec import Catalog, SpecError, integer, mapping, number, register_section
 from ..store.layout import DEFAULT_EXPERIMENT, DEFAULT_STORAGE
-from .pack_policy import PACK
+from .trial_config import PACK
 from . import starts  # noqa: F401  (registers search.prior's check: an earlier sweep's store, read before Ray)
 from ...schema import BATCH_SIZE
 

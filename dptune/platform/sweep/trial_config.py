@@ -10,11 +10,21 @@ private-selection figures)::
     {"cell": "digits/cnn/E=8/delta=1e-05/eps=1", "epsilon": 1.0, "delta": 1e-05, "epochs": 8.0,
      "model": "cnn", "dataset": "digits", "clip_bound": 1.0, "batch_size": 64,
      "learning_rate": 1.41, "seed": 0, "optimizer": "sgd", "noise_multiplier": 2.3, "steps": 180, …}
+
+A pack's Ray Tune config (:mod:`dptune.platform.sweep.packs`) is ``{"pack": [member trial configs]}``.
 """
 from __future__ import annotations
 
 from ...search_spaces.planner import PLAN_FIELDS
 from ...schema import TrainConfig
+
+#: The key of a pack's Ray Tune config: its members' trial configs.
+PACK = "pack"
+
+
+def member_configs(config: dict) -> list[dict]:
+    """The trial configs a Ray Tune config stands for: a pack's members, or itself."""
+    return list(config[PACK]) if PACK in config else [config]
 
 
 def train_options(config: dict) -> dict:

@@ -19,7 +19,7 @@ from ray import tune
 
 from ...schema import DEFAULT_METRIC, SCORE
 from ...errors import UserError
-from .pack_policy import PACK
+from .trial_config import PACK
 
 #: The report key that marks a trial's error as one of its input or environment.
 RECURRING = "recurring"

@@ -2,7 +2,7 @@
 
 One forward with hooks keeps, for every module that owns trainable parameters, its inputs A and
 the gradient edge of its output; one backward of Σ_i ℓ_i computes only the output gradients G of
-those modules (no parameter gradient); per layer, ``layer_rules`` turns (A, G) into per-sample
+those modules (no parameter gradient); per layer, ``rules`` turns (A, G) into per-sample
 squared norms and, once the clipping factors c_i = factors(n_i) are known, into the clipped sum
 Σ_i c_i g_i from the same A and G (Bu et al. 2023, "Differentially private optimization on large
 model at small cost"). A module called several times contributes the sum of its calls.
@@ -11,9 +11,9 @@ A closed-form rule needs the batch on dim 0 of its module's first input and of i
 batch-first models); a first input shared by the batch (leading dim 1, e.g. position ids) is
 expanded to the batch first, which leaves the model's outputs unchanged. A parameter no closed
 form covers goes to the outermost module above it with none, taken as one unit
-(``composite_rule``); a parameter used by several modules (tied) gets the sum of its per-example
+(``rules.composite``); a parameter used by several modules (tied) gets the sum of its per-example
 gradients over those uses before its norm (``plan_modules``), in closed form for token embeddings
-tied to an output layer (``tied_rule``).
+tied to an output layer (``rules.tied``).
 
 On the first batch the engine also checks that each parameter's batch gradient (one extra
 backward, that batch only) equals the sum of what the rules saw. A parameter also used outside the
@@ -41,14 +41,16 @@ from torch.autograd.graph import get_gradient_edge
 
 from ...errors import UserError
 from .batching import Inputs, batch_len, model_outputs
-from .composite_rule import COMPOSITE, detached
-from .replay_rule import REPLAYED
-from .layer_rules import BROADCAST, CLOSED_FORMS, Broadcast, Call, LayerGrads, NormContext, Rule, materialised_rule
+from .rules.composite import COMPOSITE, detached
+from .rules.replay import REPLAYED
+from .rules import CLOSED_FORMS
+from .rules.base import Call, LayerGrads, NormContext, Rule, materialised_rule
+from .rules.broadcast import BROADCAST, Broadcast
 from .norm_estimators import RANDOMISED_WEIGHT_NORMS
-from .packed_rules import PACKED_ATTENTION, PACKED_BROADCAST, PACKED_FORMS
+from .rules.packed import PACKED_ATTENTION, PACKED_BROADCAST, PACKED_FORMS
 from .per_sample import FactorFn, LossFn, trainable_parameters
 from .precision import Precision
-from .tied_rule import closed_tie, tied_embedding_head
+from .rules.tied import closed_tie, tied_embedding_head
 
 #: Relative tolerance of the first-batch check that the hooks saw every use of every parameter, and
 #: its floor, relative to the norm of the whole batch gradient (a parameter whose true gradient is 0,
@@ -103,8 +105,8 @@ def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> lis
     """The modules that handle the trainable parameters, with their rules.
 
     A parameter whose module has a closed form is that module's; one whose module has none goes to
-    the outermost such module above it, taken as one unit (``composite_rule``: a block that uses its
-    parameter around a sub-module, a leaf of unknown algebra; ``replay_rule`` for attention and
+    the outermost such module above it, taken as one unit (``rules.composite``: a block that uses its
+    parameter around a sub-module, a leaf of unknown algebra; ``rules.replay`` for attention and
     recurrent layers, their sub-modules' parameters included); so does one below a module of ``widened`` (names of modules found to use a
     parameter outside its own module). A parameter used by several modules (tied) is planned with
     each; the engine adds its per-example gradients over those uses before its norm."""
@@ -314,7 +316,7 @@ class BookKeepingEngine:
 
     def _tied_layer(self) -> list[tuple[dict[str, str], LayerGrads]]:
         """The tied parameters as more layers: a tied embedding and output layer in closed form
-        (``tied_rule``), the others from their summed per-example gradients."""
+        (``rules.tied``), the others from their summed per-example gradients."""
         layers = [({"weight": q}, tied_embedding_head(uses, self.params[q], self._batch_size))
                   for q, uses in self._tied_uses.items()]
         if self._tied:

@@ -93,7 +93,7 @@ def hutchpp_sq_norms(A: torch.Tensor, G: torch.Tensor, k: int,
 
 #: The randomised weight-gradient norm estimators, by ``norm_estimator``: fn(A, G, k, generator) -> [B]
 #: squared norms. ``exact`` is not among them: its norms are ghost or materialised, whichever the
-#: shapes make cheaper (``layer_rules.exact_weight_grads``).
+#: shapes make cheaper (``rules.linear.exact_weight_grads``).
 RANDOMISED_WEIGHT_NORMS = {
     "hutchinson": hutchinson_sq_norms,
     "hutchpp": hutchpp_sq_norms,

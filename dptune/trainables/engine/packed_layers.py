@@ -10,7 +10,7 @@ trainable parameters (activations, pooling, frozen backbone layers) see K·b row
 
 Because row (k, i) reaches only member k's slices, its per-example gradient over the whole packed
 model is member k's per-example gradient: the book-keeping engine's norms and clipped sums of the
-packed model are each member's own (``packed_rules``). ``packing`` builds a pack from K models.
+packed model are each member's own (``rules.packed``). ``packing`` builds a pack from K models.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from ...errors import UserError
-from .layer_rules import llama_rms_norm
+from .rules.normalisation import llama_rms_norm
 from .recurrent import rnn_forward
 
 
@@ -174,7 +174,7 @@ class PackedMultiheadAttention(nn.Module):
     """K ``nn.MultiheadAttention`` layers used as self-attention (query, key and value one tensor,
     ``batch_first``, no dropout): member k's in-projection by one ``bmm`` (in_proj_weight [K, 3E, E]),
     attention per row (scaled dot products: no parameter), member k's out-projection (a
-    ``PackedLinear``). The projection is kept as ``projected`` for the rule (``packed_rules``), which
+    ``PackedLinear``). The projection is kept as ``projected`` for the rule (``rules.packed``), which
     reads its gradient. Attention weights are not returned (None)."""
 
     def __init__(self, layers: Sequence[nn.MultiheadAttention]) -> None:
@@ -258,7 +258,7 @@ def _attention_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tens
 
 PACKED = (PackedLinear, PackedConv1D, PackedConv2d, PackedNorm, PackedEmbedding, PackedMultiheadAttention, PackedRNN)
 #: Set on a module of a pack whose own trainable parameters are per-example broadcasts (a ViT's class
-#: token and position embedding, ``layer_rules.Broadcast``): the names stacked over the members.
+#: token and position embedding, ``rules.broadcast.Broadcast``): the names stacked over the members.
 PACKED_BROADCASTS = "packed_broadcasts"
 
 

@@ -2,7 +2,7 @@
 
 Each module that owns trainable parameters is replaced by its packed form (``packed_layers``), once
 per module object under every name it is registered under; a weight tied across layers (token
-embeddings and an output layer: the tie whose per-member rule ``tied_rule`` knows) stays one packed
+embeddings and an output layer: the tie whose per-member rule ``rules.tied`` knows) stays one packed
 parameter. Before anything trains, :func:`check_members` checks the pack's invariant: every
 trainable parameter of the source is exactly one packed parameter with the member dimension.
 """
@@ -15,10 +15,13 @@ import torch
 from torch import nn
 
 from ...errors import UserError
-from .layer_rules import BROADCAST, layer_norm_types, linear_types, llama_rms_norm, loaded_class, own_forward
+from .rules.base import loaded_class, own_forward
+from .rules.broadcast import BROADCAST
+from .rules.linear import linear_types
+from .rules.normalisation import layer_norm_types, llama_rms_norm
 from .packed_layers import (PACKED, PACKED_BROADCASTS, PackedConv1D, PackedConv2d, PackedEmbedding, PackedLinear,
                             PackedMultiheadAttention, PackedNorm, PackedRNN, pack_broadcasts)
-from .tied_rule import closed_tie
+from .rules.tied import closed_tie
 
 
 def _broadcast_owner(module: nn.Module) -> bool:
@@ -81,7 +84,7 @@ def _uses(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module, str]]
 def packing_problems(model: nn.Module) -> list[str]:
     """Why ``model`` cannot be packed: each module owning a trainable parameter with no packed form,
     and each weight tied across layers other than token embeddings tied to an output layer (the tie
-    the pack's rules know, ``tied_rule``). A module registered under several names is packed once."""
+    the pack's rules know, ``rules.tied``). A module registered under several names is packed once."""
     problems = [f"{name or '<root>'} ({type(model.get_submodule(name)).__name__}): no packed form"
                 for name in dict.fromkeys(_owners(model)) if _packed_form(model.get_submodule(name)) is None
                 and not _broadcast_owner(model.get_submodule(name))]

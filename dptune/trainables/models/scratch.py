@@ -104,7 +104,7 @@ def vit(*, num_classes: int, input_shape: tuple[int, ...], patch_size: int = 4, 
         embed_dim: int = 64, num_heads: int = 4, mlp_dim: int | None = None) -> nn.Module:
     """torchvision's ``VisionTransformer`` (random weights) for square images of any channel count.
     Its attention is ``nn.MultiheadAttention``; its class token and position embedding are per-example
-    broadcasts (``layer_rules.Broadcast``)."""
+    broadcasts (``rules.broadcast.Broadcast``)."""
     from torchvision.models import VisionTransformer
 
     channels, height, width = input_shape

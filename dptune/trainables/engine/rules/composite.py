@@ -6,10 +6,10 @@ recurrent states included).
 The book-keeping engine gives this rule the smallest module that contains every use of a
 parameter no closed form covers: a user's block that uses its own parameter in an expression
 around a sub-module, a leaf module of unknown algebra, a module found to use a parameter outside
-its own module, attention that ``replay_rule`` does not cover; and each use of a tied parameter.
+its own module, attention that ``rules.replay`` does not cover; and each use of a tied parameter.
 The per-example gradients are materialised ([b, *shape] per parameter): the closed forms and the
 replay rule stay the fast paths. Recurrent layers inside such a unit run ``recurrent.rnn_forward``
-in the replay (their fused kernels have no batching rule; on their own they go to ``replay_rule``).
+in the replay (their fused kernels have no batching rule; on their own they go to ``rules.replay``).
 
 Where the batch sits: dim 1 of a sequence-first ``MultiheadAttention``'s query, key and value; dim
 0 of every other input tensor whose leading size is the batch's (any other input is shared by the
@@ -30,10 +30,10 @@ from torch.func import functional_call, vjp, vmap
 from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ...errors import UserError
-from .layer_rules import Call, Rule, materialised_rule, tensor_bytes
-from .precision import Precision
-from .recurrent import rnn_forward
+from ....errors import UserError
+from .base import Call, Rule, materialised_rule, tensor_bytes
+from ..precision import Precision
+from ..recurrent import rnn_forward
 
 
 @dataclass

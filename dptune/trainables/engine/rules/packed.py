@@ -13,10 +13,12 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .layer_rules import (Broadcast, Call, Conv2d, LayerGrads, LinearLike, NormContext, Rule, WeightGrads, compute_dtype,
-                          embedding_clipped, embedding_sq_norms, linear_weight_grads, prefer_ghost, scaled_rows,
-                          tensor_bytes, unfold_patches, weight_and_bias, wide)
-from .packed_layers import (PACKED_BROADCASTS, PackedConv1D, PackedConv2d, PackedEmbedding, PackedLinear, PackedMultiheadAttention,
+from .base import Call, LayerGrads, NormContext, Rule, compute_dtype, scaled_rows, tensor_bytes, unfold_patches, wide
+from .broadcast import Broadcast
+from .conv import Conv2d
+from .embedding import embedding_clipped, embedding_sq_norms
+from .linear import LinearLike, WeightGrads, linear_weight_grads, prefer_ghost, weight_and_bias
+from ..packed_layers import (PACKED_BROADCASTS, PackedConv1D, PackedConv2d, PackedEmbedding, PackedLinear, PackedMultiheadAttention,
                             PackedNorm, by_member)
 
 
@@ -87,7 +89,7 @@ class PackedLinearRule(Rule):
 
 
 class PackedAttentionRule(Rule):
-    """``PackedMultiheadAttention`` as one unit, as the replay rule (``replay_rule``) takes an
+    """``PackedMultiheadAttention`` as one unit, as the replay rule (``rules.replay``) takes an
     ``nn.MultiheadAttention``: its linear maps — the q, k and v rows of the in-projection (A the
     attention's input, G the projection's gradient) and the out-projection (A the attended values,
     recomputed from the input, G the output's gradient) — by the linear rule per row, in the replay's

@@ -7,11 +7,11 @@ The module's forward is replayed in plain batched operations from its recorded i
 linear map ``a ↦ Wa + b`` tapped: a zero tensor added to its output, whose gradient (autograd, with
 the recorded output gradients as cotangents) is that map's output gradient G. A weight (or a block
 of rows of one) used at positions t then has per-example gradient Σ_t g_t a_tᵀ, and the linear-like
-algebra of ``layer_rules`` gives its exact norms (ghost or materialised, or a randomised estimate)
+algebra of ``rules`` gives its exact norms (ghost or materialised, or a randomised estimate)
 and its clipped sum as one matrix product — Opacus's DPLSTM and DPMultiheadAttention do the same
 through their own Linear layers. Blocks of rows of one weight are disjoint, so their squared norms
 add. A call the replay does not cover (attention with ``bias_k``/``add_zero_attn`` or an
-``is_causal`` hint without a mask) goes to ``composite_rule`` instead.
+``is_causal`` hint without a mask) goes to ``rules.composite`` instead.
 
 A pack's recurrent layer (``packed_layers.PackedRNN``) is replayed the same way, in the same order
 and with the same probes as each member's own layer: its maps applied per member, the per-sample
@@ -28,12 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from ...errors import UserError
-from .composite_rule import COMPOSITE, Composite, filled
-from .layer_rules import Call, LayerGrads, NormContext, compute_dtype, tensor_bytes, linear_weight_grads, scaled_sum
-from .packed_layers import PackedRNN, member_linear
-from .packed_rules import member_weight_sums, per_member
-from .recurrent import rnn_forward
+from ....errors import UserError
+from .composite import COMPOSITE, Composite, filled
+from .base import Call, LayerGrads, NormContext, compute_dtype, scaled_sum, tensor_bytes
+from .linear import linear_weight_grads
+from ..packed_layers import PackedRNN, member_linear
+from .packed import member_weight_sums, per_member
+from ..recurrent import rnn_forward
 
 #: A tapped block: (parameter name, first row, end row) — rows None: the whole parameter.
 Block = tuple[str, Optional[int], Optional[int]]

@@ -25,10 +25,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .layer_rules import (Call, LayerGrads, compute_dtype, tensor_bytes, embedding_clipped, embedding_sq_norms,
-                          embedding_uses, exact_weight_grads)
-from .packed_layers import PackedEmbedding, PackedLinear
-from .packed_rules import member_weight_sums
+from .base import Call, LayerGrads, compute_dtype, tensor_bytes
+from .embedding import embedding_clipped, embedding_sq_norms, embedding_uses
+from .linear import exact_weight_grads
+from ..packed_layers import PackedEmbedding, PackedLinear
+from .packed import member_weight_sums
 
 
 def _kind(module: nn.Module) -> str:
