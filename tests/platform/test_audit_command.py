@@ -18,8 +18,11 @@ CONFIG = {"dataset": "digits", "model": "mlp", "model_options": {"hidden": 16}, 
 
 
 @pytest.mark.parametrize("broken", [None, "noise_div10"])
-def test_two_workers_are_audited_as_one_engine(broken):
-    result = audit(CONFIG, workers=2, inputs=0, broken=broken)
+@pytest.mark.parametrize("packed", [False, True])
+def test_two_workers_are_audited_as_one_engine(broken, packed):
+    """Alone or as a member of a pack of two (issue 49: packs train on several workers too)."""
+    mates = [{**CONFIG, "clip_bound": 2.0, "learning_rate": 0.1, "epsilon": 4.0}] if packed else []
+    result = audit(CONFIG, workers=2, inputs=0, broken=broken, pack_with=mates)
     assert result["workers"] == 2 and result["epsilon"] == pytest.approx(1.0, rel=1e-3)
     assert result["violated"] is (broken is not None)
 

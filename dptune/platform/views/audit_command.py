@@ -73,7 +73,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, size: int, port: int, config: dict, options: dict, out: str) -> None:
+def _worker(rank: int, size: int, port: int, config: dict, pack_with: list[dict], options: dict, out: str) -> None:
     import torch.distributed as dist
 
     from ...trainables.audit.run import run_audit
@@ -82,7 +82,8 @@ def _worker(rank: int, size: int, port: int, config: dict, options: dict, out: s
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=size)
     try:
-        result = run_audit(train_config(config), workers=ProcessGroupWorkers(), **options)
+        result = run_audit(train_config(config), workers=ProcessGroupWorkers(),
+                           pack_with=[train_config(c) for c in pack_with], **options)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(result.to_dict(), f)
@@ -92,21 +93,19 @@ def _worker(rank: int, size: int, port: int, config: dict, options: dict, out: s
 
 def audit(config: dict, *, workers: int = 1, progress: Callable[[int], None] | None = None,
           pack_with: list[dict] = (), **options: object) -> dict:
-    """Audit a flat trial config on ``workers`` local processes (or in its pack, with the flat configs
-    of ``pack_with``); the result as a dict (:meth:`~dptune.trainables.audit.run.AuditResult.to_dict`).
+    """Audit a flat trial config on ``workers`` local processes, alone or in its pack (with the flat
+    configs of ``pack_with``); the result as a dict (:meth:`~dptune.trainables.audit.run.AuditResult.to_dict`).
     ``options``: :func:`run_audit`'s."""
     from ...trainables.audit.run import run_audit
 
     if workers <= 1:
         return {**run_audit(train_config(config), progress=progress, pack_with=[train_config(c) for c in pack_with],
                             **options).to_dict(), "workers": 1}
-    if pack_with:
-        raise UserError("a pack member trains on one worker: audit it with --workers 1")
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "audit.json")
-        mp.spawn(_worker, args=(workers, _free_port(), config, options, out), nprocs=workers)
+        mp.spawn(_worker, args=(workers, _free_port(), config, list(pack_with), options, out), nprocs=workers)
         with open(out) as f:
             return {**json.load(f), "workers": workers}
 
