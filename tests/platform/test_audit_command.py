@@ -17,10 +17,10 @@ CONFIG = {"dataset": "digits", "model": "mlp", "model_options": {"hidden": 16}, 
           "batch_size": 128, "learning_rate": 0.5, "clip_bound": 1.0, "device": "cpu", "seed": 0}
 
 
-@pytest.mark.parametrize("broken", [None, "noise_div10"])
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("broken, packed", [(None, False), ("noise_div10", False), ("noise_div10", True)])
 def test_two_workers_are_audited_as_one_engine(broken, packed):
-    """Alone or as a member of a pack of two (issue 49: packs train on several workers too)."""
+    """Alone, or (the broken engine caught there too) as a member of a pack of two (issue 49: packs
+    train on several workers too)."""
     mates = [{**CONFIG, "clip_bound": 2.0, "learning_rate": 0.1, "epsilon": 4.0}] if packed else []
     result = audit(CONFIG, workers=2, inputs=0, broken=broken, pack_with=mates)
     assert result["workers"] == 2 and result["epsilon"] == pytest.approx(1.0, rel=1e-3)
