@@ -14,7 +14,9 @@ are drawn alike, and nothing of the privacy accounting depends on them).
 
 It is trained by the one training loop (:func:`.epoch_loop.fit`): a member whose loss stops being
 finite is recorded as diverged, with its message, and retired (it gets no more steps); so is one the
-caller stops (``retire``); the others go on. With ``workers`` (a multi-worker trial) every worker holds
+caller stops (``retire``); the others go on. A retired member leaves the packed model (its rows cost
+nothing more: a pack whose members a scheduler stops shrinks as a sweep of separate trials does); its
+last weights are kept aside, so a checkpoint still holds all K members in the member dimension. With ``workers`` (a multi-worker trial) every worker holds
 the pack, steps its shard of the batch, and the members' clipped sums are all-reduced before the
 noise, drawn once (identically on every worker), as a single trial's are (:mod:`.engine.distributed`).
 """
@@ -36,7 +38,7 @@ from .engine.book_keeping import free_memory
 from .engine.dp_engine import DPEngine
 from .engine.optimizers import PackedOptimizer, make_optimizer
 from .engine.pack_memory import MEMORY_SHARE, estimate
-from .engine.packing import load_member, pack_models, packing_problems
+from .engine.packing import keep_members, load_member, pack_models, packing_problems
 from .epoch_loop import EpochReport, fit as fit_run
 from .training import Trainer, check_workers, epoch_epsilons, plan_privacy
 
@@ -107,6 +109,10 @@ class PackTrainer:
         self.epsilons = [epoch_epsilons(cfg, plan) for cfg, plan in zip(self.cfgs, self.plans)]
         self.histories: list[list[dict]] = [[] for _ in self.cfgs]
         self.errors: list[str | None] = [None] * self.members
+        #: the member of each row of the packed model's member dimension (retired members leave it)
+        self.rows: list[int] = list(range(self.members))
+        #: a retired member's trainable weights when it left the packed model
+        self.retired_weights: dict[int, dict[str, torch.Tensor]] = {}
 
     def _rows_per_pass(self, memory_budget: float | None) -> int:
         """Measure what the pack will hold (``self.memory``) and bound the rows of one pass by the
@@ -139,16 +145,44 @@ class PackTrainer:
     def done(self) -> bool:
         return self.lead.done or not bool(self.engine.active.any())
 
+    def is_active(self, k: int) -> bool:
+        """Member ``k`` still trains (neither retired nor done)."""
+        return k in self.rows and bool(self.engine.active[self.rows.index(k)])
+
     def retire(self, k: int, why: str | None = None) -> None:
-        """Member ``k`` trains no more (``why``: its error, if it failed: its weights are zeroed, so
-        that its rows cost nothing odd from now on)."""
-        self.engine.retire(k)
+        """Member ``k`` trains no more (``why``: its error, if it failed: its weights are zeroed). It
+        leaves the packed model unless it was the last member training."""
+        row = self.rows.index(k)
+        self.engine.retire(row)
         if why is not None:
             self.errors[k] = why
             with torch.no_grad():
                 for p in self.model.parameters():
                     if p.requires_grad:
-                        p[k].zero_()
+                        p[row].zero_()
+        self._drop_retired()
+
+    def member_weights(self, k: int) -> dict[str, torch.Tensor]:
+        """Member ``k``'s trainable weights by name: its rows of the packed model, or as it left it."""
+        if k not in self.rows:
+            return dict(self.retired_weights[k])
+        row = self.rows.index(k)
+        return {n: p[row].detach() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def _drop_retired(self) -> None:
+        """Shrink the packed model, its engine and its optimizer to the members still training (their
+        weights, state, C, σ and η unchanged; each keeps drawing the noise it drew), keeping the
+        weights of those that leave for :meth:`state_dict`."""
+        keep = [row for row in range(len(self.rows)) if bool(self.engine.active[row])]
+        if not keep or len(keep) == len(self.rows):
+            return
+        for row in set(range(len(self.rows))) - set(keep):
+            self.retired_weights[self.rows[row]] = {n: p[row].detach().clone() for n, p in self.model.named_parameters()
+                                                    if p.requires_grad}
+        keep_members(self.model, keep)
+        self.engine.keep_members(keep)
+        self.optimizer.keep_members(keep, self.engine.active)
+        self.rows = [self.rows[row] for row in keep]
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """One optimizer step of every active member on one Poisson batch (the lead's step, on the
@@ -162,11 +196,12 @@ class PackTrainer:
         norms, labels = self.lead.workers.gather(norms), self.lead.workers.gather(labels)   # all shards
         out: list[dict | None] = []
         for k, cfg in enumerate(self.cfgs):
-            if not bool(self.engine.active[k]):
+            if not self.is_active(k):
                 out.append(None)
                 continue
-            load_member(self.model, self.lead.model, k)
-            out.append({**self.lead.epoch_metrics(norms[k], labels, cfg.clip_bound, self.epsilons[k][self.epoch - 1]),
+            row = self.rows.index(k)
+            load_member(self.model, self.lead.model, row)
+            out.append({**self.lead.epoch_metrics(norms[row], labels, cfg.clip_bound, self.epsilons[k][self.epoch - 1]),
                         "pack_members": self.members})
         return out
 
@@ -186,21 +221,43 @@ class PackTrainer:
         self.load_state_dict(state["pack"])
 
     def state_dict(self) -> dict:
-        """Everything a resumed pack needs: the members' trainable weights and optimizer states, the
-        streams' states (none of a secure run's), counters, which members are retired and why, and
-        the histories."""
+        """Everything a resumed pack needs: the members' trainable weights and optimizer states (all K
+        in the member dimension, a retired member's as it left), the streams' states (none of a secure
+        run's), counters, which members are retired and why, and the histories."""
         lead = self.lead
-        return {"model": {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad},
+        optimizer = self.optimizer.state_dict()
+        params = [p for group in self.optimizer.optimizer.param_groups for p in group["params"]]
+        for index, slots in optimizer["state"].items():
+            optimizer["state"][index] = {key: self._all_members(value) if torch.is_tensor(value)
+                                         and value.shape == params[index].shape else value
+                                         for key, value in slots.items()}
+        active = [self.is_active(k) for k in range(self.members)]
+        return {"model": {n: self._all_members(p.detach(), n) for n, p in self.model.named_parameters()
+                          if p.requires_grad},
                 "buffers": dict(self.lead.model.named_buffers()),   # shared by the members (an export reads them)
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer,
                 "streams": {name: s.state() for name, s in lead.streams.items()},
                 "torch_rng": torch.get_rng_state(), "workers": lead.workers.size, "step": self.step, "epoch": self.epoch,
-                "train_time_s": self.train_time_s, "active": self.engine.active.tolist(), "errors": list(self.errors),
+                "train_time_s": self.train_time_s, "active": active, "errors": list(self.errors),
                 "histories": [list(h) for h in self.histories], "configs": [cfg.to_dict() for cfg in self.cfgs]}
+
+    def _all_members(self, rows: torch.Tensor, name: str | None = None) -> torch.Tensor:
+        """A per-member tensor of the packed model's rows with all K members: a retired member's weights
+        (``name``) as it left, zeros for its optimizer state."""
+        if len(self.rows) == self.members:
+            return rows
+        full = rows.new_zeros((self.members, *rows.shape[1:]))
+        full[torch.tensor(self.rows, device=rows.device)] = rows
+        if name is not None:
+            for k, weights in self.retired_weights.items():
+                full[k] = weights[name]
+        return full
 
     def load_state_dict(self, state: dict) -> None:
         if state["configs"] != [cfg.to_dict() for cfg in self.cfgs]:
             raise UserError("this checkpoint holds another pack (its members' configurations differ)")
+        if len(self.rows) != self.members:
+            raise UserError("a pack that has retired members cannot load a checkpoint; build a new one")
         check_workers(state, self.lead.workers.size)
         self.model.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -211,6 +268,7 @@ class PackTrainer:
         self.lead.step, self.lead.epoch, self.lead.train_time_s = state["step"], state["epoch"], state["train_time_s"]
         self.errors = list(state["errors"])
         self.histories = [list(h) for h in state["histories"]]
+        self._drop_retired()
 
 
 def train_pack(cfgs: list[TrainConfig], *, progress: bool = True, data: DatasetSplits | None = None) -> PackTrainer:

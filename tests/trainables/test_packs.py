@@ -275,8 +275,8 @@ MEMBERS = [dict(clip_bound=0.3, learning_rate=0.2, epsilon=1.0), dict(clip_bound
            dict(clip_bound=3.0, learning_rate=0.4, epsilon=4.0)]
 
 
-def final_weights(model: nn.Module, k: int | None = None) -> dict[str, torch.Tensor]:
-    return {n: (p[k] if k is not None else p).detach() for n, p in model.named_parameters()}
+def final_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in model.named_parameters()}
 
 
 def pack_and_alone(cfgs: list[TrainConfig]) -> tuple[list, list]:
@@ -289,7 +289,7 @@ def pack_and_alone(cfgs: list[TrainConfig]) -> tuple[list, list]:
         trainer = Trainer(cfg)
         lone.append(trainer.fit())
         for n, w in final_weights(trainer.model).items():
-            torch.testing.assert_close(final_weights(pack.model, k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+            torch.testing.assert_close(pack.member_weights(k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
     return histories, lone
 
 
@@ -367,7 +367,7 @@ def test_a_pack_over_its_memory_budget_splits_its_passes_and_still_equals_its_lo
         alone = Trainer(cfg)
         alone.fit()
         for n, w in final_weights(alone.model).items():
-            torch.testing.assert_close(final_weights(pack.model, k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+            torch.testing.assert_close(pack.member_weights(k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
 
 
 def test_a_pack_whose_members_do_not_fit_is_refused_before_training_with_what_fits():
@@ -395,7 +395,51 @@ def test_a_diverging_member_is_recorded_and_retired_while_the_others_finish():
     alone = Trainer(cfgs[2])
     alone.fit()
     for n, w in final_weights(alone.model).items():
-        torch.testing.assert_close(final_weights(pack.model, 2)[n], w, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(pack.member_weights(2)[n], w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_stopped_member_leaves_its_pack_and_the_others_still_train_as_alone():
+    """Member 1 of three stopped at its first report, as a scheduler stops it: every later packed pass
+    holds the two others' rows only (2·b_t, b_t the batch each draws alone), each of them ends with its
+    lone run's weights (momentum: the optimizer's state shrank with them), and the pack's checkpoint still
+    holds all three members — member 1 as its configuration alone after that one epoch."""
+    cfgs = [digits(**m, optimizer="sgd", momentum=0.9) for m in MEMBERS]
+
+    def training_rows(model: nn.Module, steps: list) -> list:
+        rows = []
+        model.register_forward_hook(lambda module, args, out: rows.append((steps[0](), len(args[0])))
+                                    if torch.is_grad_enabled() else None)
+        return rows
+
+    pack = PackTrainer(cfgs)
+    packed_rows = training_rows(pack.model, [lambda: pack.step])
+
+    def report(epoch: list) -> None:
+        if epoch[1] is not None:
+            pack.retire(1)
+
+    pack.fit(report)
+    assert [len(h) for h in pack.histories] == [2, 1, 2]
+    lone = Trainer(cfgs[0])
+    lone_rows = training_rows(lone.model, [lambda: lone.step])
+    lone.fit()
+    first = lone.plan.steps // 2   # the steps of epoch 1
+    assert [rows for step, rows in packed_rows] == [(3 if step < first else 2) * rows for step, rows in lone_rows]
+    assert all(p.shape[0] == 2 for p in pack.model.parameters())
+    for k in (0, 2):
+        alone = lone if k == 0 else Trainer(cfgs[k])
+        if k:
+            alone.fit()
+        for n, w in final_weights(alone.model).items():
+            torch.testing.assert_close(pack.member_weights(k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+    state = pack.checkpoint()["pack"]
+    assert state["active"] == [True, False, True]
+    stopped = Trainer(cfgs[1])
+    stopped.epoch_results()
+    for n, w in final_weights(stopped.model).items():
+        assert state["model"][n].shape[0] == 3
+        torch.testing.assert_close(state["model"][n][1], w, rtol=1e-4, atol=1e-5, msg=n)
+        torch.testing.assert_close(state["model"][n][0], pack.member_weights(0)[n], rtol=0, atol=0)
 
 
 def test_members_share_noise_when_reproducible_and_draw_their_own_when_secure():
@@ -490,8 +534,8 @@ def test_a_pack_killed_after_an_epoch_and_resumed_ends_where_an_uninterrupted_on
     resumed.fit(state=torch.load(saved, weights_only=False))
     assert resumed.errors == whole.errors == [None, "stopped by the scheduler", None]
     for k in range(len(cfgs)):
-        for n, w in final_weights(whole.model, k).items():
-            assert torch.equal(final_weights(resumed.model, k)[n], w), (k, n)
+        for n, w in whole.member_weights(k).items():
+            assert torch.equal(resumed.member_weights(k)[n], w), (k, n)
     assert [[m["epoch"] for m in h] for h in resumed.histories] == [[1, 2], [], [1, 2]]
     assert [[m["test_accuracy"] for m in h] for h in resumed.histories] == \
         [[m["test_accuracy"] for m in h] for h in whole.histories]

@@ -68,7 +68,7 @@ def train_trial(config: dict, send: Send, *, state: dict | None = None, workers:
         if not isinstance(run, PackTrainer) or stops is None:
             return
         for k in workers.shared(lambda: stops(reported)):
-            if bool(run.engine.active[k]):
+            if run.is_active(k):
                 run.retire(k)
 
     def report(epoch: list) -> None:
@@ -152,7 +152,7 @@ def pack_report(trainer: PackTrainer, metric: str) -> dict:
         if not history:
             continue
         result = epoch_report(history[-1], trainer.plans[k], trainer.lead.trainable, history, metric)
-        ended = trainer.done or not bool(trainer.engine.active[k])
+        ended = trainer.done or not trainer.is_active(k)
         members[str(k)] = {**result, "member_status": "ended" if ended else "running",
                            **({"error": trainer.errors[k]} if trainer.errors[k] else {})}
     scored = [m for m in members.values() if isinstance(m.get(SCORE), float) and math.isfinite(m[SCORE])]

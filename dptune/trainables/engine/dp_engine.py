@@ -180,6 +180,19 @@ class DPEngine:
         """Member ``k`` of a pack stops: from now on it gets no gradient (and the optimizer leaves it as it is)."""
         self.active[k] = False
 
+    def keep_members(self, rows: Sequence[int]) -> None:
+        """Shrink a pack to its members ``rows`` (indices into the member dimension, in order): their
+        C, σ, noise std and active flags; the model's packed layers shrink with it
+        (:func:`.packing.keep_members`). The noise stays one shared ξ per parameter (reproducible
+        runs): each kept member draws what it drew before, as it would alone."""
+        if not self.packed or not isinstance(self.noise, GaussianNoise):
+            raise UserError("only a pack with the engine's own Gaussian noise can drop members")
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.clip_bounds.device)
+        self.clip_bounds, self.noise_multipliers = self.clip_bounds[index], self.noise_multipliers[index]
+        self.active = self.active[index]
+        self.members = len(index)
+        self.noise.std = self.noise_multipliers * self.clip_bounds
+
     def private_gradient(self, inputs: Inputs, targets: torch.Tensor) -> dict:
         """Set ``.grad`` of every trainable parameter to ĝ for this logical batch (in a pack, each
         member's slice to its ĝ_k).

@@ -60,6 +60,17 @@ class PackedOptimizer:
             rate = members_shape(rates, p)
             p.copy_(old + rate * (p - old))
 
+    def keep_members(self, rows: Sequence[int], active: torch.Tensor) -> None:
+        """Shrink to the members ``rows`` (after the packed parameters shrank: :func:`.packing.keep_members`):
+        their η and their slices of the optimizer's state; ``active``: the engine's new flags."""
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.learning_rates.device)
+        members = len(self.learning_rates)
+        self.learning_rates, self.active = self.learning_rates[index], active
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == members:
+                    state[key] = value[index.to(value.device)]
+
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 

@@ -154,6 +154,31 @@ def _retie(source: nn.Module, packed: nn.Module) -> None:
             setattr(packed.get_submodule(owner), local, first)
 
 
+def packed_parameters(packed: nn.Module) -> list[nn.Parameter]:
+    """The parameters of a pack that carry the member dimension, each once (a tied weight is one)."""
+    out: dict[int, nn.Parameter] = {}
+    for m in packed.modules():
+        names = (None if isinstance(m, PACKED) else getattr(m, PACKED_BROADCASTS, ()))
+        for local, p in m.named_parameters(recurse=False):
+            if names is None or local in names:
+                out.setdefault(id(p), p)
+    return list(out.values())
+
+
+def keep_members(packed: nn.Module, rows: Sequence[int]) -> None:
+    """Shrink a pack to its members ``rows`` (indices into the member dimension), in place: each
+    packed parameter keeps their slices — the same ``Parameter`` objects, so an optimizer's state
+    keyed on them stays theirs — and each packed layer its new K. The frozen modules are untouched."""
+    index = torch.tensor(list(rows), dtype=torch.long)
+    with torch.no_grad():
+        for p in packed_parameters(packed):
+            p.grad = None
+            p.data = p.data[index.to(p.device)]
+    for m in packed.modules():
+        if isinstance(m, PACKED):
+            m.members = len(index)
+
+
 def load_member(packed: nn.Module, model: nn.Module, k: int) -> nn.Module:
     """Copy member ``k``'s weights into ``model`` (an unpacked model of the same architecture)."""
     with torch.no_grad():
