@@ -113,6 +113,8 @@ class PackTrainer:
         self.rows: list[int] = list(range(self.members))
         #: a retired member's trainable weights when it left the packed model
         self.retired_weights: dict[int, dict[str, torch.Tensor]] = {}
+        #: configuration-steps trained: Σ over steps of the members training (what the pack's time bought)
+        self.member_steps = 0
 
     def _rows_per_pass(self, memory_budget: float | None) -> int:
         """Measure what the pack will hold (``self.memory``) and bound the rows of one pass by the
@@ -192,7 +194,9 @@ class PackTrainer:
     def epoch_results(self, progress: tqdm | None = None) -> list[dict | None]:
         """Train to the next epoch boundary (the lead's epoch loop); each active member's metrics, from
         the lead's evaluation of its weights (None for a retired member)."""
+        training, start = int(self.engine.active.sum()), self.step
         norms, labels, _ = self.lead.train_epoch(progress)
+        self.member_steps += training * (self.step - start)
         norms, labels = self.lead.workers.gather(norms), self.lead.workers.gather(labels)   # all shards
         out: list[dict | None] = []
         for k, cfg in enumerate(self.cfgs):
@@ -238,7 +242,8 @@ class PackTrainer:
                 "optimizer": optimizer,
                 "streams": {name: s.state() for name, s in lead.streams.items()},
                 "torch_rng": torch.get_rng_state(), "workers": lead.workers.size, "step": self.step, "epoch": self.epoch,
-                "train_time_s": self.train_time_s, "active": active, "errors": list(self.errors),
+                "train_time_s": self.train_time_s, "member_steps": self.member_steps, "active": active,
+                "errors": list(self.errors),
                 "histories": [list(h) for h in self.histories], "configs": [cfg.to_dict() for cfg in self.cfgs]}
 
     def _all_members(self, rows: torch.Tensor, name: str | None = None) -> torch.Tensor:
@@ -266,6 +271,7 @@ class PackTrainer:
         torch.set_rng_state(state["torch_rng"])
         self.engine.active.copy_(torch.tensor(state["active"]))
         self.lead.step, self.lead.epoch, self.lead.train_time_s = state["step"], state["epoch"], state["train_time_s"]
+        self.member_steps = state.get("member_steps", 0)   # a checkpoint written before it was counted: 0
         self.errors = list(state["errors"])
         self.histories = [list(h) for h in state["histories"]]
         self._drop_retired()

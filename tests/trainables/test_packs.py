@@ -426,6 +426,7 @@ def test_a_stopped_member_leaves_its_pack_and_the_others_still_train_as_alone():
     first = lone.plan.steps // 2   # the steps of epoch 1
     assert [rows for step, rows in packed_rows] == [(3 if step < first else 2) * rows for step, rows in lone_rows]
     assert all(p.shape[0] == 2 for p in pack.model.parameters())
+    assert pack.member_steps == 3 * first + 2 * (lone.plan.steps - first)   # what the sweep's pack policy weighs
     for k in (0, 2):
         alone = lone if k == 0 else Trainer(cfgs[k])
         if k:

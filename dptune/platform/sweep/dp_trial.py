@@ -146,7 +146,8 @@ def pack_report(trainer: PackTrainer, metric: str) -> dict:
     """The pack's Tune result: each member's last result under ``members`` (keyed "0", "1", …), what its
     trial would report alone (:func:`epoch_report`) plus ``member_status`` (``running``, or ``ended`` once
     it finished, diverged or was stopped) and its ``error`` when it diverged; for Ray Tune's table, the
-    best member's ``metric`` and ``score`` (the highest score), the epoch, step and T."""
+    best member's ``metric`` and ``score`` (the highest score), the epoch, step and T; the pack's training seconds
+    and configuration-steps (``member_steps``: what the searcher's measured pack policy compares with lone trials)."""
     members = {}
     for k, history in enumerate(trainer.histories):
         if not history:
@@ -158,4 +159,5 @@ def pack_report(trainer: PackTrainer, metric: str) -> dict:
     scored = [m for m in members.values() if isinstance(m.get(SCORE), float) and math.isfinite(m[SCORE])]
     best = max(scored, key=lambda m: m[SCORE]) if scored else {metric: math.nan, SCORE: math.nan}
     return {metric: best[metric], SCORE: best[SCORE], "epoch": trainer.epoch, "step": trainer.step, "steps": trainer.lead.plan.steps,
-            "pack_members": trainer.members, "members": members}
+            "pack_members": trainer.members, "train_time_s": trainer.train_time_s, "member_steps": trainer.member_steps,
+            "members": members}

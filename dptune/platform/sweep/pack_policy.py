@@ -6,7 +6,10 @@ that follow from them — the same data, model, B, seed, epochs and options, so 
 and initial weights) are grouped into a pack of at most :attr:`PackPolicy.max_members`; a config that
 cannot be packed (:meth:`PackPolicy.refusal`) or has no partner runs as before. A group is split over
 the trial slots free when it is handed out (:func:`take_pack`): with 12 configurations ready and two
-cores free, two packs of 6 rather than one pack of 12 on one core while the other idles. A pack's Ray Tune config
+cores free, two packs of 6 rather than one pack of 12 on one core while the other idles. On a CPU,
+where a pack pays only while a step is bound by per-layer overhead rather than arithmetic (small inputs,
+small B), the sweep measures its own trials (:class:`PackSpeeds`): a group keeps packing only while its
+packs cost less per configuration-step than its lone trials. A pack's Ray Tune config
 is ``{"pack": [member trial configs]}``; :mod:`dptune.platform.sweep.packs` makes its members trials everywhere else.
 """
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ...schema.trial import PACK_MEMBER_FIELDS
 from ...schema import BATCH_SIZE
@@ -45,6 +48,9 @@ class PackPolicy:
     #: trials the cluster runs at once (a CPU, or a GPU share, each): a group ready is split over
     #: those free rather than leave one idle
     slots: int = 1
+    #: a group packs only while its packs measure cheaper per configuration-step than its lone trials
+    #: (:class:`PackSpeeds`; on a CPU)
+    measured: bool = False
 
     @classmethod
     def for_sweep(cls, search: "Search", resources: "Resources", slots: int = 1) -> "PackPolicy | None":
@@ -54,8 +60,9 @@ class PackPolicy:
         splits its batch over them as a single trial does."""
         if not search.pack:
             return None
-        return cls(max_members=search.pack_members or MAX_MEMBERS,
-                   max_batch_size=None if resources.gpu > 0 else CPU_MAX_BATCH_SIZE, slots=max(1, slots))
+        cpu = resources.gpu == 0
+        return cls(max_members=search.pack_members or MAX_MEMBERS, max_batch_size=CPU_MAX_BATCH_SIZE if cpu else None,
+                   slots=max(1, slots), measured=cpu)
 
     def refusal(self, config: dict) -> str | None:
         """Why a trial config runs alone, not in a pack (None: it may share one)."""
@@ -86,7 +93,9 @@ class PackPolicy:
             else:
                 reasons.setdefault(why, []).append(b)
         parts = ([f"B={', '.join(map(str, packed))}: configurations that differ only in C, η (and ε) "
-                  f"train together, ≤ {self.max_members} per pack"] if packed else [])
+                  f"train together, ≤ {self.max_members} per pack"
+                  + (" while their packs measure cheaper per configuration-step than their lone trials"
+                     if self.measured else "")] if packed else [])
         parts += [f"B={', '.join(map(str, bs))}: each alone ({why})" for why, bs in reasons.items()]
         return "  packs: " + "; ".join(parts)
 
@@ -96,15 +105,49 @@ def pack_key(config: dict) -> str:
     return repr(sorted((k, repr(v)) for k, v in config.items() if k not in MEMBER_KEYS))
 
 
-def take_pack(pending: deque, policy: PackPolicy, running: int = 0) -> list:
+class PackSpeeds:
+    """Seconds per configuration-step a sweep measured, per :func:`pack_key`: of its lone trials
+    (training seconds over steps) and of its packs (over the steps of every member still training:
+    ``member_steps``). A key's packs pay (:meth:`pays`) until both are measured and the packs' cost
+    per configuration-step is not below the lone trials'. The figures are the trials' own
+    ``train_time_s``, taken as they ran, side by side on the same machine."""
+
+    def __init__(self) -> None:
+        #: key → {"alone" | "packed": [seconds, configuration-steps]}
+        self.seconds: dict[str, dict[str, list[float]]] = {}
+
+    def record(self, configs: list[dict], result: dict | None) -> None:
+        """A trial's last result: one config's (a lone trial) or a pack's members'."""
+        result = result or {}
+        kind, steps = ("alone", result.get("step")) if len(configs) == 1 else ("packed", result.get("member_steps"))
+        seconds = result.get("train_time_s")
+        if not steps or seconds is None or not math.isfinite(float(seconds)):
+            return
+        total = self.seconds.setdefault(pack_key(configs[0]), {}).setdefault(kind, [0.0, 0])
+        total[0] += float(seconds)
+        total[1] += int(steps)
+
+    def per_step(self, key: str) -> dict[str, float]:
+        """The seconds per configuration-step measured for ``key``: ``alone`` and ``packed``, where known."""
+        return {kind: s / n for kind, (s, n) in self.seconds.get(key, {}).items()}
+
+    def pays(self, key: str) -> bool:
+        measured = self.per_step(key)
+        return len(measured) < 2 or measured["packed"] < measured["alone"]
+
+
+def take_pack(pending: deque, policy: PackPolicy, running: int = 0, pays: Callable[[str], bool] | None = None) -> list:
     """Remove from ``pending`` (entries ``(cell, proposal id, trial config)``) its first entry and
     later ones that can share its pack: of the g that can, ⌈g / free⌉ (at most ``policy.max_members``),
     where free is the slots not taken by the ``running`` trials (at least one), so that the rest can fill
-    the other free slots; everything not taken keeps its order."""
+    the other free slots; everything not taken keeps its order. ``pays(key)`` false (a measured
+    policy's :meth:`PackSpeeds.pays`): the first entry alone."""
     first = pending.popleft()
     if not policy.packable(first[2]):
         return [first]
     key = pack_key(first[2])
+    if policy.measured and pays is not None and not pays(key):
+        return [first]
     group = [i for i, entry in enumerate(pending) if policy.packable(entry[2]) and pack_key(entry[2]) == key]
     free = max(1, policy.slots - running)
     size = min(policy.max_members, math.ceil((len(group) + 1) / free))

@@ -41,7 +41,7 @@ from .cell_search import GP, WAIT, CellSearch, ClipChains, Indices, Ordered, TPE
 from .starts import cell_starts, prior_optima
 from ..store.durable import read_file, write_bytes
 from ..faults import fault_point
-from .pack_policy import PackPolicy, pack_config, take_pack
+from .pack_policy import PackPolicy, PackSpeeds, pack_config, take_pack
 from .packs import member_result, member_trial_id
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ class SweepSearcher(Searcher):
         #: Ray trial id → its (cell, proposal id, trial config): one, or a pack's members
         self._trials: dict[str, list[tuple[int, str, dict]]] = {}
         self._reconciled = True   # a restored state is squared with Ray Tune's trials once (reconcile)
+        #: what packs and lone trials cost per configuration-step here (a measured pack policy's)
+        self.speeds = PackSpeeds()
 
     @classmethod
     def saved(cls, paths: "ExperimentPaths") -> "SweepSearcher | None":
@@ -116,8 +118,8 @@ class SweepSearcher(Searcher):
             self._propose()
         if not self._pending:
             return Searcher.FINISHED if all(c.done for c in self.cells) else None   # None: waiting for a larger C
-        entries = (take_pack(self._pending, self.pack, running=len(self._trials)) if self.pack is not None
-                   else [self._pending.popleft()])
+        entries = (take_pack(self._pending, self.pack, running=len(self._trials), pays=self.speeds.pays)
+                   if self.pack is not None else [self._pending.popleft()])
         self._trials[trial_id] = entries
         return pack_config([config for _, _, config in entries])
 
@@ -125,6 +127,9 @@ class SweepSearcher(Searcher):
         entries = self._trials.pop(trial_id, None)
         if entries is None:
             return
+        configs = [config for _, _, config in entries]
+        if self.pack is not None and self.pack.measured and all(map(self.pack.packable, configs)):
+            self.speeds.record(configs, result)
         for k, (cell, pid, config) in enumerate(entries):
             if len(entries) == 1:   # an error it reported (a divergence, its input's) ended it too
                 member_id, last, failed = trial_id, result, error or bool((result or {}).get("error"))
@@ -159,6 +164,7 @@ class SweepSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         saved = read_file(LocalFileSystem(), checkpoint_path, pickle.loads, "the searcher's state")
         self.__dict__.update(saved)
+        self.__dict__.setdefault("speeds", PackSpeeds())   # a state saved before packs were measured
         self._reconciled = False
 
     def reconcile(self, trials: list) -> None:
