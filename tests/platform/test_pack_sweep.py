@@ -128,19 +128,20 @@ def test_a_group_ready_is_split_over_the_free_slots_so_that_none_idles():
 
 def test_on_a_cpu_a_group_packs_only_while_its_packs_cost_less_per_configuration_step():
     """The searcher weighs its own trials: a lone trial's training seconds per step against a pack's
-    per configuration-step (its members' steps); a group whose packs cost more is handed out alone
-    from then on, one whose packs cost less (or is not measured both ways yet) still packs."""
+    per configuration-step (its members' steps); a group's first configuration runs alone, to be
+    measured; a group whose packs cost more is handed out alone from then on, one whose packs cost
+    less (or is not measured both ways yet) still packs."""
     plan = plan_of(digits_spec(epsilon=[2.0], batch_size=[64], clip_bound=[0.1, 1.0, 3.0], multipliers=[1.0],
                                search={"pack": "on", "bracket": "off", "scheduler": "none", "proxy": "off"}))
     searcher = SweepSearcher(plan, metric="test_accuracy", clip_equivalence=False,
                              pack=PackPolicy(slots=2, measured=True))
-    pack, alone = searcher.suggest("a"), searcher.suggest("b")   # three ready, two slots: a pack of 2 and one alone
-    assert len(pack["pack"]) == 2 and "pack" not in alone
+    alone, pack = searcher.suggest("a"), searcher.suggest("b")   # three ready: the first alone, to be measured
+    assert "pack" not in alone and len(pack["pack"]) == 2          # the other two packed in the other slot
     key = pack_key(alone)
     assert searcher.speeds.pays(key)                               # nothing measured yet
-    searcher.on_trial_complete("b", {"test_accuracy": 0.5, "score": 0.5, "step": 100, "steps": 100, "train_time_s": 1.0})
+    searcher.on_trial_complete("a", {"test_accuracy": 0.5, "score": 0.5, "step": 100, "steps": 100, "train_time_s": 1.0})
     assert searcher.speeds.pays(key)                               # only the lone trials measured
-    searcher.on_trial_complete("a", {"step": 100, "steps": 100, "train_time_s": 2.4, "member_steps": 200,
+    searcher.on_trial_complete("b", {"step": 100, "steps": 100, "train_time_s": 2.4, "member_steps": 200,
                                      "members": {str(k): {"step": 100, "steps": 100, "test_accuracy": 0.5, "score": 0.5}
                                                  for k in range(2)}})
     assert searcher.speeds.per_step(key) == {"alone": pytest.approx(0.010), "packed": pytest.approx(0.012)}
@@ -153,11 +154,12 @@ def test_on_a_cpu_a_group_packs_only_while_its_packs_cost_less_per_configuration
     speeds.record([entries(1)[0][2]], {"step": 100, "train_time_s": 1.0})
     speeds.record([e[2] for e in entries(4)], {"member_steps": 400, "train_time_s": 4.4})
     measured = PackPolicy(slots=1, measured=True)
-    assert len(take_pack(entries(4), measured, pays=speeds.pays)) == 1                       # 11 ms > 10 ms: alone
-    assert len(take_pack(entries(4), PackPolicy(slots=1), pays=speeds.pays)) == 4             # a GPU's: not measured
-    assert len(take_pack(entries(4, b=32), measured, pays=speeds.pays)) == 4                 # another B: unmeasured
+    assert len(take_pack(entries(4), measured, speeds=speeds)) == 1                       # 11 ms > 10 ms: alone
+    assert len(take_pack(entries(4), PackPolicy(slots=1), speeds=speeds)) == 4             # a GPU's: not measured
+    other = entries(4, b=32)                                                              # another B: unmeasured
+    assert [len(take_pack(other, measured, speeds=speeds)) for _ in range(2)] == [1, 3]   # one alone, to measure
     speeds.record([e[2] for e in entries(4)], {"member_steps": 400, "train_time_s": 1.0})   # 5.4 s / 800 < 10 ms
-    assert len(take_pack(entries(4), measured, pays=speeds.pays)) == 4
+    assert len(take_pack(entries(4), measured, speeds=speeds)) == 4
 
 
 class Recorder:

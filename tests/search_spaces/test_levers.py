@@ -192,8 +192,14 @@ def test_a_spec_may_bound_a_packs_members_and_the_plan_says_what_each_cell_packs
     assert list(private.searched_batch_sizes) == [20, 150]
     cpu = PackPolicy.for_sweep(plan.space.search, Resources())
     assert cpu.cell_line(private) == ("  packs: B=20: configurations that differ only in C, η (and ε) train together, "
-                                      "≤ 4 per pack while their packs measure cheaper per configuration-step than their "
-                                      "lone trials; B=150: each alone (B > 128 on a CPU, where a pack does not pay)")
+                                      "≤ 4 per pack; B=150: each alone (B > 128 on a CPU, where a pack does not pay)")
+    # the lever on by default (not named) packs on a CPU only while its packs measure faster than its lone trials
+    default = PackPolicy.for_sweep(plan_sweep(load_spec({**spec, "search": {}}, catalog), catalog, workers=1).space.search,
+                                   Resources())
+    assert default.measured and not cpu.measured
+    assert default.cell_line(private).startswith("  packs: B=20: configurations that differ only in C, η (and ε) train "
+                                                 "together, ≤ 32 per pack while their packs measure cheaper per "
+                                                 "configuration-step than their lone trials; B=150: each alone")
     assert "each alone (non-private: no clipping to pack)" in cpu.cell_line(baseline)
     gpu = PackPolicy.for_sweep(plan.space.search, Resources(gpu=1))
     assert gpu.cell_line(private).startswith("  packs: B=20, 150: configurations")

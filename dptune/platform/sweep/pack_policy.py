@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ...schema.trial import PACK_MEMBER_FIELDS
 from ...schema import BATCH_SIZE
@@ -57,12 +57,13 @@ class PackPolicy:
         """The sweep's policy (None: nothing is packed: the lever is off): any B on a GPU,
         B ≤ :data:`CPU_MAX_BATCH_SIZE` on a CPU; at most ``search.pack: N`` members (default
         :data:`MAX_MEMBERS`), over ``slots`` trial slots. A pack on several workers (``resources.workers``)
-        splits its batch over them as a single trial does."""
+        splits its batch over them as a single trial does. On a CPU the lever on by default is measured
+        (:class:`PackSpeeds`); a spec that names ``pack: on`` (or N) packs whatever the timings."""
         if not search.pack:
             return None
         cpu = resources.gpu == 0
         return cls(max_members=search.pack_members or MAX_MEMBERS, max_batch_size=CPU_MAX_BATCH_SIZE if cpu else None,
-                   slots=max(1, slots), measured=cpu)
+                   slots=max(1, slots), measured=cpu and "pack" not in search.named)
 
     def refusal(self, config: dict) -> str | None:
         """Why a trial config runs alone, not in a pack (None: it may share one)."""
@@ -109,12 +110,15 @@ class PackSpeeds:
     """Seconds per configuration-step a sweep measured, per :func:`pack_key`: of its lone trials
     (training seconds over steps) and of its packs (over the steps of every member still training:
     ``member_steps``). A key's packs pay (:meth:`pays`) until both are measured and the packs' cost
-    per configuration-step is not below the lone trials'. The figures are the trials' own
-    ``train_time_s``, taken as they ran, side by side on the same machine."""
+    per configuration-step is not below the lone trials'; the first configuration of a key runs
+    alone (:meth:`probe`), so that there is a lone trial to compare with. The figures are the
+    trials' own ``train_time_s``, taken as they ran, side by side on the same machine."""
 
     def __init__(self) -> None:
         #: key → {"alone" | "packed": [seconds, configuration-steps]}
         self.seconds: dict[str, dict[str, list[float]]] = {}
+        #: keys whose first configuration was handed out alone to be measured
+        self.probed: set[str] = set()
 
     def record(self, configs: list[dict], result: dict | None) -> None:
         """A trial's last result: one config's (a lone trial) or a pack's members'."""
@@ -135,18 +139,27 @@ class PackSpeeds:
         measured = self.per_step(key)
         return len(measured) < 2 or measured["packed"] < measured["alone"]
 
+    def probe(self, key: str) -> bool:
+        """Whether the next configuration of ``key`` runs alone to be measured (once per key, unless a
+        lone trial of it was measured already)."""
+        if key in self.probed or "alone" in self.seconds.get(key, {}):
+            return False
+        self.probed.add(key)
+        return True
 
-def take_pack(pending: deque, policy: PackPolicy, running: int = 0, pays: Callable[[str], bool] | None = None) -> list:
+
+def take_pack(pending: deque, policy: PackPolicy, running: int = 0, speeds: PackSpeeds | None = None) -> list:
     """Remove from ``pending`` (entries ``(cell, proposal id, trial config)``) its first entry and
     later ones that can share its pack: of the g that can, ⌈g / free⌉ (at most ``policy.max_members``),
     where free is the slots not taken by the ``running`` trials (at least one), so that the rest can fill
-    the other free slots; everything not taken keeps its order. ``pays(key)`` false (a measured
-    policy's :meth:`PackSpeeds.pays`): the first entry alone."""
+    the other free slots; everything not taken keeps its order. A measured policy with ``speeds`` hands
+    the first entry out alone where packs do not pay (:meth:`PackSpeeds.pays`) and to measure a
+    lone trial of its group first (:meth:`PackSpeeds.probe`)."""
     first = pending.popleft()
     if not policy.packable(first[2]):
         return [first]
     key = pack_key(first[2])
-    if policy.measured and pays is not None and not pays(key):
+    if policy.measured and speeds is not None and (not speeds.pays(key) or speeds.probe(key)):
         return [first]
     group = [i for i, entry in enumerate(pending) if policy.packable(entry[2]) and pack_key(entry[2]) == key]
     free = max(1, policy.slots - running)

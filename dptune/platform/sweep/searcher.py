@@ -118,7 +118,7 @@ class SweepSearcher(Searcher):
             self._propose()
         if not self._pending:
             return Searcher.FINISHED if all(c.done for c in self.cells) else None   # None: waiting for a larger C
-        entries = (take_pack(self._pending, self.pack, running=len(self._trials), pays=self.speeds.pays)
+        entries = (take_pack(self._pending, self.pack, running=len(self._trials), speeds=self.speeds)
                    if self.pack is not None else [self._pending.popleft()])
         self._trials[trial_id] = entries
         return pack_config([config for _, _, config in entries])
