@@ -228,8 +228,8 @@ def _pack_lever(space: "SearchSpace", packable: Collection[str]) -> tuple[bool, 
     if fixed:
         return False, f"{' and '.join(fixed)}: not supported in a pack"
     return True, ("on by default: configurations that differ only in C, η or ε train as one batched model, each "
-                  "still its own trial (on a CPU at B ≤ 128 only, and only while the sweep measures its packs cheaper per "
-                  "configuration-step than its lone trials); `search: {pack: off}` turns it off")
+                  "still its own trial (on a CPU at B ≤ 128 only, and only while the sweep measures its packs ≥ 1.2× "
+                  "cheaper per configuration-step than its lone trials); `search: {pack: off}` turns it off")
 
 
 def _scheduler_text(scheduler: Scheduler) -> str:

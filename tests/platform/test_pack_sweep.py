@@ -129,8 +129,8 @@ def test_a_group_ready_is_split_over_the_free_slots_so_that_none_idles():
 def test_on_a_cpu_a_group_packs_only_while_its_packs_cost_less_per_configuration_step():
     """The searcher weighs its own trials: a lone trial's training seconds per step against a pack's
     per configuration-step (its members' steps); a group's first configuration runs alone, to be
-    measured; a group whose packs cost more is handed out alone from then on, one whose packs cost
-    less (or is not measured both ways yet) still packs."""
+    measured; a group whose packs do not cost 1.2× less is handed out alone from then on, one whose
+    packs do (or that is not measured both ways yet) still packs."""
     plan = plan_of(digits_spec(epsilon=[2.0], batch_size=[64], clip_bound=[0.1, 1.0, 3.0], multipliers=[1.0],
                                search={"pack": "on", "bracket": "off", "scheduler": "none", "proxy": "off"}))
     searcher = SweepSearcher(plan, metric="test_accuracy", clip_equivalence=False,
@@ -158,8 +158,12 @@ def test_on_a_cpu_a_group_packs_only_while_its_packs_cost_less_per_configuration
     assert len(take_pack(entries(4), PackPolicy(slots=1), speeds=speeds)) == 4             # a GPU's: not measured
     other = entries(4, b=32)                                                              # another B: unmeasured
     assert [len(take_pack(other, measured, speeds=speeds)) for _ in range(2)] == [1, 3]   # one alone, to measure
-    speeds.record([e[2] for e in entries(4)], {"member_steps": 400, "train_time_s": 1.0})   # 5.4 s / 800 < 10 ms
+    speeds.record([e[2] for e in entries(4)], {"member_steps": 400, "train_time_s": 1.0})   # 5.4 s / 800: 1.48×
     assert len(take_pack(entries(4), measured, speeds=speeds)) == 4
+    close = PackSpeeds()
+    close.record([entries(1)[0][2]], {"step": 100, "train_time_s": 1.0})
+    close.record([e[2] for e in entries(4)], {"member_steps": 400, "train_time_s": 3.6})    # 9 ms: only 1.11×
+    assert not close.pays(pack_key(entries(1)[0][2]))
 
 
 class Recorder:

@@ -198,8 +198,8 @@ def test_a_spec_may_bound_a_packs_members_and_the_plan_says_what_each_cell_packs
                                    Resources())
     assert default.measured and not cpu.measured
     assert default.cell_line(private).startswith("  packs: B=20: configurations that differ only in C, η (and ε) train "
-                                                 "together, ≤ 32 per pack while their packs measure cheaper per "
-                                                 "configuration-step than their lone trials; B=150: each alone")
+                                                 "together, ≤ 32 per pack while their packs measure ≥ 1.2× cheaper "
+                                                 "per configuration-step than their lone trials; B=150: each alone")
     assert "each alone (non-private: no clipping to pack)" in cpu.cell_line(baseline)
     gpu = PackPolicy.for_sweep(plan.space.search, Resources(gpu=1))
     assert gpu.cell_line(private).startswith("  packs: B=20, 150: configurations")

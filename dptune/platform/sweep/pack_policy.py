@@ -9,7 +9,7 @@ the trial slots free when it is handed out (:func:`take_pack`): with 12 configur
 cores free, two packs of 6 rather than one pack of 12 on one core while the other idles. On a CPU,
 where a pack pays only while a step is bound by per-layer overhead rather than arithmetic (small inputs,
 small B), the sweep measures its own trials (:class:`PackSpeeds`): a group keeps packing only while its
-packs cost less per configuration-step than its lone trials. A pack's Ray Tune config
+packs cost :data:`MIN_SPEEDUP` times less per configuration-step than its lone trials. A pack's Ray Tune config
 is ``{"pack": [member trial configs]}``; :mod:`dptune.platform.sweep.packs` makes its members trials everywhere else.
 """
 from __future__ import annotations
@@ -33,6 +33,11 @@ MAX_MEMBERS = 32
 #: The largest B packed on a CPU: where a pack was measured to pay there (BENCHMARKS.md, session 15:
 #: 2.25× at B = 32, 1.2–1.3× at B = 128, 0.8–1.0× at B = 512).
 CPU_MAX_BATCH_SIZE = 128
+#: How much cheaper per configuration-step a CPU's packs must measure than its lone trials to go on
+#: packing: a pack holds its members in one slot, giving up the parallelism of running them apart (on
+#: 2 cores, a pack of 2 whose members end apart keeps its slot until the last ends). Measured here:
+#: 8×8 digits 1.3–4.2× (packs go on), 28×28 MNIST 0.9–1.17× (they stop).
+MIN_SPEEDUP = 1.2
 #: Keys of a trial config that may differ between the members of a pack: the member fields and the
 #: plan's figures that follow from them (the cell names ε; σ√T; η's multiplier).
 MEMBER_KEYS = (*PACK_MEMBER_FIELDS, "cell", "noise_sqrt_steps", "lr_multiplier")
@@ -95,7 +100,8 @@ class PackPolicy:
                 reasons.setdefault(why, []).append(b)
         parts = ([f"B={', '.join(map(str, packed))}: configurations that differ only in C, η (and ε) "
                   f"train together, ≤ {self.max_members} per pack"
-                  + (" while their packs measure cheaper per configuration-step than their lone trials"
+                  + (f" while their packs measure ≥ {MIN_SPEEDUP:g}× cheaper per configuration-step than their "
+                     "lone trials"
                      if self.measured else "")] if packed else [])
         parts += [f"B={', '.join(map(str, bs))}: each alone ({why})" for why, bs in reasons.items()]
         return "  packs: " + "; ".join(parts)
@@ -109,8 +115,8 @@ def pack_key(config: dict) -> str:
 class PackSpeeds:
     """Seconds per configuration-step a sweep measured, per :func:`pack_key`: of its lone trials
     (training seconds over steps) and of its packs (over the steps of every member still training:
-    ``member_steps``). A key's packs pay (:meth:`pays`) until both are measured and the packs' cost
-    per configuration-step is not below the lone trials'; the first configuration of a key runs
+    ``member_steps``). A key's packs pay (:meth:`pays`) until both are measured and the lone trials'
+    cost per configuration-step is under :data:`MIN_SPEEDUP` times the packs'; the first configuration of a key runs
     alone (:meth:`probe`), so that there is a lone trial to compare with. The figures are the
     trials' own ``train_time_s``, taken as they ran, side by side on the same machine."""
 
@@ -137,7 +143,7 @@ class PackSpeeds:
 
     def pays(self, key: str) -> bool:
         measured = self.per_step(key)
-        return len(measured) < 2 or measured["packed"] < measured["alone"]
+        return len(measured) < 2 or measured["alone"] >= MIN_SPEEDUP * measured["packed"]
 
     def probe(self, key: str) -> bool:
         """Whether the next configuration of ``key`` runs alone to be measured (once per key, unless a
