@@ -166,6 +166,36 @@ def test_on_a_cpu_a_group_packs_only_while_its_packs_cost_less_per_configuration
     assert not close.pays(pack_key(entries(1)[0][2]))
 
 
+def test_a_member_that_ended_is_told_to_its_cell_before_its_pack_ends():
+    """A pack member the pack reports ended (stopped at step 10 of 20) is a result for its cell at that
+    report: the next C of its clip-equivalence chain is handed out while its pack still trains the
+    others, and the pack's end tells each member once — every configuration is handed out once."""
+    plan = plan_of(digits_spec(epsilon=[2.0], batch_size=[64], clip_bound=[0.5, 2.0], multipliers=[0.5, 1.0],
+                               search={"pack": "on", "bracket": "off", "scheduler": "none", "proxy": "off"}))
+    searcher = SweepSearcher(plan, metric="test_accuracy", pack=PackPolicy(slots=1))
+    pack = searcher.suggest("a")
+    assert [m["clip_bound"] for m in pack["pack"]] == [2.0, 2.0]   # each η's largest C first
+    assert searcher.suggest("b") is None                            # the C = 0.5 wait for them
+
+    def member(status, step, value=0.5):
+        return {"member_status": status, "step": step, "steps": 20, "test_accuracy": value, "score": value,
+                "fully_clipped": 0}
+
+    searcher.on_trial_result("a", {"epoch": 1, "members/0/member_status": "ended", "members/0/step": 10,
+                                   "members/0/steps": 20, "members/0/score": 0.4, "members/0/test_accuracy": 0.4,
+                                   "members/0/fully_clipped": 0,
+                                   **{f"members/1/{k}": v for k, v in member("running", 10).items()}})
+    nxt = searcher.suggest("b")                                      # Tune's flat result: member 0 stopped
+    assert nxt["clip_bound"] == 0.5 and nxt["learning_rate"] == pack["pack"][0]["learning_rate"]
+    searcher.on_trial_complete("a", {"members": {"0": member("ended", 10, 0.4), "1": member("ended", 20)}})
+    last = searcher.suggest("c")
+    assert last["clip_bound"] == 0.5 and last["learning_rate"] == pack["pack"][1]["learning_rate"]
+    for trial_id in ("b", "c"):
+        searcher.on_trial_complete(trial_id, {**member("ended", 20), "step": 20})
+    assert searcher.suggest("d") == "FINISHED" and searcher.unrun() == 0
+    assert len(searcher.cells[0].finished) == 4                     # each configuration's result once
+
+
 class Recorder:
     """A callback that notes what it is told: (hook, trial id, the trial's last result's epoch)."""
 

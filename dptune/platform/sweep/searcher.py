@@ -96,6 +96,8 @@ class SweepSearcher(Searcher):
         self._reconciled = True   # a restored state is squared with Ray Tune's trials once (reconcile)
         #: what packs and lone trials cost per configuration-step here (a measured pack policy's)
         self.speeds = PackSpeeds()
+        #: pack members whose end was told to their cell from a report, before their pack ended
+        self._told: set[str] = set()
 
     @classmethod
     def saved(cls, paths: "ExperimentPaths") -> "SweepSearcher | None":
@@ -123,6 +125,19 @@ class SweepSearcher(Searcher):
         self._trials[trial_id] = entries
         return pack_config([config for _, _, config in entries])
 
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """A pack's report: each member it reports ended (finished, stopped, diverged) is told to its
+        cell now, not when the whole pack ends — what waits on it (the next C of its clip-equivalence
+        chain, its cell's next round) need not wait for the pack's longest member."""
+        entries = self._trials.get(trial_id)
+        if entries is None or len(entries) == 1:
+            return
+        for k, (cell, pid, config) in enumerate(entries):
+            member_id, last = member_trial_id(trial_id, k), member_result(result, k)
+            if last.get("member_status") == "ended" and member_id not in self._told:
+                self._told.add(member_id)
+                self._result(cell, pid, config, member_id, last, bool(last.get("error")))
+
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
         entries = self._trials.pop(trial_id, None)
         if entries is None:
@@ -135,6 +150,9 @@ class SweepSearcher(Searcher):
                 member_id, last, failed = trial_id, result, error or bool((result or {}).get("error"))
             else:   # a pack: each member's own result (an ended member's stands even if the pack failed)
                 member_id, last = member_trial_id(trial_id, k), member_result(result, k)
+                if member_id in self._told:   # told from the report that said it ended
+                    self._told.discard(member_id)
+                    continue
                 failed = bool(last.get("error")) or (error and last.get("member_status") != "ended")
             self._result(cell, pid, config, member_id, last, failed)
 
@@ -165,6 +183,7 @@ class SweepSearcher(Searcher):
         saved = read_file(LocalFileSystem(), checkpoint_path, pickle.loads, "the searcher's state")
         self.__dict__.update(saved)
         self.__dict__.setdefault("speeds", PackSpeeds())   # a state saved before packs were measured
+        self.__dict__.setdefault("_told", set())
         self._reconciled = False
 
     def reconcile(self, trials: list) -> None:
@@ -178,8 +197,11 @@ class SweepSearcher(Searcher):
             return
         self._reconciled = True
         held = {t.trial_id: t for t in trials}
-        for trial_id in reversed([t for t in self._trials if t not in held]):
-            self._pending.extendleft(reversed(self._trials.pop(trial_id)))
+        for trial_id in reversed([t for t in self._trials if t not in held]):   # but members told already
+            entries = self._trials.pop(trial_id)
+            told = {k for k in range(len(entries)) if member_trial_id(trial_id, k) in self._told}
+            self._told -= {member_trial_id(trial_id, k) for k in told}
+            self._pending.extendleft(reversed([e for k, e in enumerate(entries) if k not in told]))
         for trial_id in [t for t in self._trials if held[t].status in (held[t].TERMINATED, held[t].ERROR)]:
             trial = held[trial_id]
             self.on_trial_complete(trial_id, trial.last_result, error=trial.status == trial.ERROR)
@@ -187,7 +209,8 @@ class SweepSearcher(Searcher):
     def unrun(self) -> int:
         """How many planned trials have not ended: handed out and not reported back, queued, and at
         least one per cell that has configurations left (0 once the plan is complete)."""
-        return sum(map(len, self._trials.values())) + len(self._pending) + sum(not c.done for c in self.cells)
+        return (sum(map(len, self._trials.values())) - len(self._told) + len(self._pending)
+                + sum(not c.done for c in self.cells))
 
     # --- results -----------------------------------------------------------------------------------
 
