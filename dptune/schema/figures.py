@@ -76,6 +76,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("denoise_mean_rank", "private", "RMT denoising's statistics of the noised gradient (post-processing)"),
     Figure("denoise_mean_shrinkage", "private", "RMT denoising's statistics of the noised gradient (post-processing)"),
     Figure("member_status", "private", "whether a pack's member ended: the scheduler decides on its test metric"),
+    Figure("member_steps", "private", "the steps a pack's members trained, summed: each ends where the scheduler "
+                                      "stops it on its test metric (or its test loss diverged)"),
     Figure("error", "private", "a failed trial's message: its configuration, or the test loss it diverged at"),
     Figure("recurring", "private", "whether a failed trial's error is of its input or environment (it recurs in "
                                    "every trial and stops the sweep)"),
