@@ -42,7 +42,7 @@ from .starts import cell_starts, prior_optima
 from ..store.durable import read_file, write_bytes
 from ..faults import fault_point
 from .pack_policy import PackPolicy, PackSpeeds, pack_config, take_pack
-from .packs import member_result, member_trial_id
+from .packs import member_result, member_results, member_trial_id
 
 if TYPE_CHECKING:
     from ...search_spaces.planner import SweepPlan
@@ -132,8 +132,9 @@ class SweepSearcher(Searcher):
         entries = self._trials.get(trial_id)
         if entries is None or len(entries) == 1:
             return
+        reported = member_results(result)   # Tune's flat result, parsed once
         for k, (cell, pid, config) in enumerate(entries):
-            member_id, last = member_trial_id(trial_id, k), member_result(result, k)
+            member_id, last = member_trial_id(trial_id, k), reported.get(str(k), {})
             if last.get("member_status") == "ended" and member_id not in self._told:
                 self._told.add(member_id)
                 self._result(cell, pid, config, member_id, last, bool(last.get("error")))
