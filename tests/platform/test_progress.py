@@ -100,3 +100,27 @@ def test_the_live_line_on_a_terminal_is_one_line_rewritten_in_place():
     lines.on_trial_complete(0, trials, ended("a", step=10, steps=10))
     trial_line = out.getvalue()[len(shown):]
     assert trial_line.startswith("\r\033[K[1/2]  finished") and trial_line.endswith("\n")
+
+
+class Unreachable:
+    """An experiment's paths on a storage that answers once (one added trial recorded), then goes down."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def saved_bracketing(self) -> dict:
+        self.reads += 1
+        if self.reads > 1:
+            raise OSError("AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 7, Could not connect")
+        return {"cell": {"added": 1, "seeds": 1}}
+
+
+def test_a_line_while_the_storage_is_down_keeps_the_count_last_read(capsys):
+    """The count of added trials is read from the storage; when it cannot be read the line still prints
+    (with the count last read) and the trial it shows is not failed by its display (an S3 outage
+    errored a trained trial that way: its progress line raised in Ray Tune's on_trial_complete)."""
+    lines = TrialLines(total=2, paths=Unreachable())
+    lines.on_trial_complete(0, [], ended("a", step=10, steps=10))
+    lines.on_trial_complete(0, [], ended("b", step=10, steps=10))
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.split()[:2] == ["[1/2+1]", "finished"] and second.split()[:2] == ["[2/2+1]", "finished"]

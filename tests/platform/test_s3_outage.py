@@ -127,6 +127,7 @@ def test_server_restarted_mid_sweep_then_resumed(server, tmp_path):
                        env=faulted_env("trial_recorded@1=pause,storage_retry@1=pause", folder))
         alive = lambda: sweep.poll() is None  # noqa: E731
         await_pause(folder, "trial_recorded@1", alive)
+        first = ResultsStore(store).table("trials")   # the trial recorded before the outage
         server.stop()
         resume_from_pause(folder, "trial_recorded@1")
         await_pause(folder, "storage_retry@1", alive)   # the driver waits for the server …
@@ -136,6 +137,10 @@ def test_server_restarted_mid_sweep_then_resumed(server, tmp_path):
         kill_tree(ray_dir)
         before = ResultsStore(store).table("trials")
         assert before.trial_id.is_unique and len(before) <= N_TRIALS
+        # … and stays recorded as it ended: the outage errs no trial that ended before it (its progress
+        # line, which reads the bracketing record from the storage, raised in Ray Tune's callback)
+        assert first.status.tolist() == ["finished"]
+        assert before.set_index("trial_id").loc[first.trial_id[0], "status"] == "finished", before[["trial_id", "status", "error"]].to_string()
 
         resume = dptune(["resume", root], ray_dir, log, tmp_path)
         assert resume.wait(timeout=600) == 0, log_path.read_text()[-3000:]

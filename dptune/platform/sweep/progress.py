@@ -36,6 +36,7 @@ class TrialLines(tune.Callback):
         self.out = out
         self.clock = clock
         self._started: dict[str, float] = {}
+        self._added_count = 0        # the last count of added trials read (kept while the record cannot be read)
         self._printed = clock()      # when the last line (a trial's, or a live one into a file) was written
         self._live_shown = False     # a live line stands on the terminal (cleared before the next line)
 
@@ -104,9 +105,14 @@ class TrialLines(tune.Callback):
         self._line(trial, "ERRORED", error_line(trial))
 
     def _added(self) -> str:
-        """``+N``: the trials bracketing and racing added beyond the plan so far (read from their record)."""
-        added = sum(map(added_trials, (self.paths.saved_bracketing() if self.paths is not None else {}).values()))
-        return f"+{added}" if added else ""
+        """``+N``: the trials bracketing and racing added beyond the plan so far (read from their record;
+        while the storage cannot be read, the count last read: a display must not fail the trial it shows)."""
+        if self.paths is not None:
+            try:
+                self._added_count = sum(map(added_trials, self.paths.saved_bracketing().values()))
+            except OSError:
+                pass
+        return f"+{self._added_count}" if self._added_count else ""
 
     def _count(self) -> str:
         return f"{self.ended}/{self.total}{self._added()}" if self.total else str(self.ended)
