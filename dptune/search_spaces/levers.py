@@ -222,8 +222,9 @@ def _pack_lever(space: "SearchSpace", packable: Collection[str]) -> tuple[bool, 
     unpackable = [b.label for b in space.axes.backbone
                   if b.name not in packable or dict(b.options).get("peft", peft) == "full"]
     if unpackable:
-        return False, (f"a pack has no batched form of every layer of {', '.join(unpackable)} "
-                       f"(packable: {', '.join(packable) or 'none'}; a pretrained one with peft other than full)")
+        return False, (f"{', '.join(unpackable)} not among the backbones packed by default "
+                       f"({', '.join(packable) or 'none'}; a pretrained one with peft other than full); "
+                       "`search: {pack: on}` packs any backbone")
     fixed = [k for k in ("denoise", "diagnostics") if space.trial.fixed.get(k)]
     if fixed:
         return False, f"{' and '.join(fixed)}: not supported in a pack"

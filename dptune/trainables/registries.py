@@ -77,13 +77,14 @@ for _name in EMBEDDED_LMS:
 CAUSAL_LMS.register_family_lazy("hf", f"{_T}models.causal_lm:create_causal_lm")
 LM_INPUT_SPECS.register_family_lazy("hf", f"{_T}models.causal_lm:lm_data_options")
 
-#: Backbones whose trainable layers all have a packed form (packed trials, :mod:`.engine.packed_layers`);
-#: a pretrained one with its default ``peft`` (film, lora or head; ``full`` packs too — SmolLM2's tied
-#: embeddings stay one packed weight — but the sweep packs it only when the spec says so). ``lstm``
-#: packs too but is left out: on a CPU its pack is slower than its members apart (0.68–0.81 at K = 4–16,
-#: BENCHMARKS.md session 25), and no GPU measured it; ``search: {pack: on}`` packs it.
-#: ``tests/trainables/test_packs.py`` builds
-#: each and finds nothing unpacked.
+#: Backbones the sweep packs by default (packed trials, :mod:`.engine.packed_layers`): each trainable
+#: layer has a packed form of its own algebra (a layer of another one is packed whole, as one
+#: ``PackedUnit`` replayed per member under vmap: timm's ConvNeXt, any backbone — those pack when the spec
+#: names ``search: {pack: on}``); a pretrained one with its default ``peft`` (film, lora or head; ``full``
+#: packs too — SmolLM2's tied embeddings stay one packed weight — but the sweep packs it only when the
+#: spec says so). ``lstm`` packs too but is left out: on a CPU its pack is slower than its members apart
+#: (0.68–0.81 at K = 4–16, BENCHMARKS.md session 25), and no GPU measured it.
+#: ``tests/trainables/test_packs.py`` builds each and finds only packed forms of their own algebra.
 PACKABLE_MODELS = ("mlp", "cnn", "wrn16_4", "vit", *PAPER_VITS, "all-MiniLM-L6-v2", *EMBEDDED_LMS)
 
 DATASETS: Registry = Registry("dataset")

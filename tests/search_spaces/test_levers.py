@@ -77,7 +77,7 @@ def test_each_lever_is_off_by_name_or_where_it_cannot_apply(catalog, toy_spec, s
 
 @pytest.mark.parametrize("change, why", [
     (dict(axes={"epsilon": [1, 4], "backbone": "resnet", "dataset": "toy", "epochs": 2}),
-     "a pack has no batched form of every layer of resnet"),
+     "resnet not among the backbones packed by default"),
     (dict(trial={"denoise": "rmt"}), "denoise: not supported in a pack"),
     (dict(axes={"epsilon": [1, 4], "backbone": {"name": "mlp", "peft": "full"}, "dataset": "toy", "epochs": 2}),
      "mlp[peft=full]"),

@@ -15,7 +15,8 @@ from dptune.errors import UserError
 from dptune.schema import TrainConfig
 from dptune.trainables import DPEngine
 from dptune.trainables.engine.pack_memory import optimizer_slots
-from dptune.trainables.engine.packing import pack_models, packing_problems
+from dptune.trainables.engine.packed_layers import PackedUnit
+from dptune.trainables.engine.packing import pack_models, packed_units, packing_problems
 from dptune.trainables.engine.randomness import SeededStream
 from dptune.trainables.models.catalog import create_model
 from dptune.trainables.pack_training import PackTrainer
@@ -127,6 +128,27 @@ class GroupedConv(nn.Module):
         return self.head(torch.tanh(self.grouped(h)).flatten(1))
 
 
+class ConvNeXtNet(nn.Module):
+    """timm's ConvNeXt parts no packed form covers: ``LayerNorm2d`` (LayerNorm over channels, its own
+    forward) and a ``ConvNeXtBlock`` whose layer scale ``gamma`` multiplies its output around its
+    sub-modules; torch's ``Conv1d`` (no packed form either) in the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from timm.layers import LayerNorm2d
+        from timm.models.convnext import ConvNeXtBlock
+
+        self.stem = nn.Conv2d(1, 8, 2, stride=2)
+        self.norm = LayerNorm2d(8)
+        self.block = ConvNeXtBlock(8, ls_init_value=0.5)
+        self.mix = nn.Conv1d(8, 4, 3)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(self.norm(self.stem(x))).flatten(2)   # [b, 8, 16]
+        return self.head(torch.tanh(self.mix(h)).mean(dim=2))
+
+
 class Conv1DNet(nn.Module):
     """transformers' Conv1D (GPT-2's linear maps, weight stored [in, out]) over a sequence."""
 
@@ -177,6 +199,12 @@ def case(name: str, seed: int):
         return GroupedConv().double(), torch.randn(6, 1, 8, 8, dtype=torch.float64), y
     if name == "conv1d":
         return Conv1DNet().double(), torch.randn(6, 4, 5, dtype=torch.float64), y
+    if name == "convnext":   # units: every parameter given values (the block's second linear starts near 0)
+        model = ConvNeXtNet().double()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        return model, torch.randn(6, 1, 8, 8, dtype=torch.float64), y
     if name == "shared":
         return SharedModule().double(), torch.randn(6, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1, 0])
     if name == "tied":
@@ -220,7 +248,7 @@ SETTINGS = [(0.05, 1.0), (0.3, 0.5), (5.0, 2.0)]   # (C, σ) per member: mostly 
 @pytest.mark.parametrize("estimator", ["exact", "hutchinson"])
 @pytest.mark.parametrize("name", ["cnn", "norm_mlp", "rms_mlp", "bag", "minilm_lora", "llama_lora", "qwen2_full",
                                   "vit_full", "vit_tv", "lstm", "gru_lstm", "shared", "tied", "llama_full",
-                                  "grouped_conv", "conv1d", "timm_linear"])
+                                  "grouped_conv", "conv1d", "timm_linear", "convnext"])
 def test_each_member_of_a_pack_gets_its_own_private_gradient(name, estimator):
     """Members with different weights, C and σ: per-sample norms and ĝ_k (same noise and probe
     streams) equal those of DPEngine on each member's own model, over two steps."""
@@ -459,9 +487,6 @@ def test_what_cannot_be_packed_is_refused_by_name():
         PackTrainer([digits(**MEMBERS[0]), TrainConfig(**{**digits(**MEMBERS[1]).to_dict(), 'batch_size': 32})])
     with pytest.raises(UserError, match="non-private"):
         PackTrainer([digits(clip_bound=1.0, learning_rate=0.1, epsilon=float("inf"))])
-    conv = nn.Sequential(nn.Conv1d(4, 4, 3))
-    with pytest.raises(UserError, match=r"0 \(Conv1d\)"):
-        pack_models([conv, copy.deepcopy(conv)])
 
 
 @pytest.mark.parametrize("model,names", [(SharedModule, ("a", "b")), (TiedWeights, ("emb", "out"))])
@@ -480,7 +505,59 @@ def test_a_timm_backbone_with_a_timm_linear_head_packs_under_film():
     """MobileNetV3's classifier is timm's Linear (refused as having no packed form before)."""
     model = create_model("timm:mobilenetv3_small_050", num_classes=4, input_shape=(3, 32, 32), weights="random",
                          peft="film")
-    assert packing_problems(model) == []
+    assert packing_problems(model) == [] and packed_units(model) == []
+
+
+@pytest.mark.parametrize("peft", ["film", "full"])
+def test_a_timm_convnext_packs_and_each_member_computes_and_clips_as_its_own_model(peft):
+    """timm's ConvNeXt (``LayerNorm2d`` in its stem, downsampling and head; layer scale ``gamma`` in its
+    blocks under ``full``) was refused as having no packed form: now each such module is packed whole
+    (``PackedUnit``). Each member's rows of the packed forward and its clipped sum equal its own model's,
+    one example at a time."""
+    models = []
+    for k in range(2):
+        torch.manual_seed(k)
+        models.append(create_model("timm:convnext_atto", num_classes=3, input_shape=(3, 32, 32), weights="random",
+                                   peft=peft, depths=[1, 1, 1, 1], dims=[8, 8, 16, 16]).double())
+    with torch.no_grad():   # the members share what is frozen
+        for p, q in zip(models[1].parameters(), models[0].parameters()):
+            if not p.requires_grad:
+                p.copy_(q)
+    assert packing_problems(models[0]) == []
+    packed = pack_models(models)
+    units = ["stem.1", "head.norm"] + (["stages.0.blocks.0"] if peft == "full" else ["stages.0.blocks.0.norm"])
+    assert all(isinstance(packed.get_submodule(u), PackedUnit) for u in units)
+    x, y = torch.randn(3, 3, 32, 32, dtype=torch.float64), torch.tensor([0, 2, 1])
+    rows = packed(x.repeat(2, 1, 1, 1))
+    engine = DPEngine(packed, LOSS, members=2, clip_bound=[0.05, 1e3], noise_multiplier=[1.0, 1.0],
+                      expected_batch_size=3.0, generator=SeededStream(7, "noise", CPU),
+                      probes=SeededStream(7, "probes", CPU), max_physical_batch_size=6)
+    sums = engine.clipped_sum(x, y)[0]
+    for k, (model, c) in enumerate(zip(models, [0.05, 1e3])):
+        torch.testing.assert_close(rows[3 * k:3 * (k + 1)], model(x), rtol=1e-9, atol=1e-12)
+        for n, s in clipped_sum_loop(model, x, y, c, LOSS)[0].items():
+            torch.testing.assert_close(sums[n][k], s, rtol=1e-9, atol=1e-12, msg=f"member {k}: {n}")
+
+
+def test_a_pack_with_units_shrunk_to_two_members_computes_and_clips_as_their_own_models():
+    """A member leaving a pack (``keep_members``) leaves its units too: the rest's rows and clipped sums
+    are still their own models'."""
+    from dptune.trainables.engine.packing import keep_members
+
+    models = [case("convnext", seed=k)[0] for k in range(3)]
+    x, y = case("convnext", seed=0)[1:]
+    packed = pack_models(models)
+    keep_members(packed, [0, 2])
+    assert packed.block.gamma.shape[0] == 2 and packed.norm.members == 2
+    rows = packed(x.repeat(2, 1, 1, 1))
+    engine = DPEngine(packed, LOSS, members=2, clip_bound=[0.05, 5.0], noise_multiplier=[1.0, 1.0],
+                      expected_batch_size=4.0, generator=SeededStream(7, "noise", CPU),
+                      probes=SeededStream(7, "probes", CPU), max_physical_batch_size=12)
+    sums = engine.clipped_sum(x, y)[0]
+    for k, (model, c) in enumerate(zip([models[0], models[2]], [0.05, 5.0])):
+        torch.testing.assert_close(rows[6 * k:6 * (k + 1)], model(x), rtol=1e-9, atol=1e-12)
+        for n, s in clipped_sum_loop(model, x, y, c, LOSS)[0].items():
+            torch.testing.assert_close(sums[n][k], s, rtol=1e-9, atol=1e-12, msg=f"member {k}: {n}")
 
 
 def test_a_tie_the_pack_has_no_rule_for_is_refused_by_name():
@@ -557,5 +634,5 @@ def test_every_backbone_declared_packable_has_a_packed_form_of_every_trainable_l
     options = {"weights": "random"} if name in PAPER_VITS else {}
     shape = (3, 224, 224) if name in PAPER_VITS else PACKABLE_INPUTS[name]
     model = MODELS.get(name)(num_classes=4, input_shape=shape, **options)
-    assert packing_problems(model) == []
+    assert packing_problems(model) == [] and packed_units(model) == []   # no layer replayed whole under vmap
     assert any(p.requires_grad for p in model.parameters())

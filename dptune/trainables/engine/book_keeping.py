@@ -47,7 +47,7 @@ from .rules import CLOSED_FORMS
 from .rules.base import Call, LayerGrads, NormContext, Rule, materialised_rule
 from .rules.broadcast import BROADCAST, Broadcast
 from .norm_estimators import RANDOMISED_WEIGHT_NORMS
-from .rules.packed import PACKED_ATTENTION, PACKED_BROADCAST, PACKED_FORMS
+from .rules.packed import PACKED_ATTENTION, PACKED_BROADCAST, PACKED_FORMS, PACKED_UNIT
 from .per_sample import FactorFn, LossFn, trainable_parameters
 from .precision import Precision
 from .rules.tied import closed_tie, tied_embedding_head
@@ -101,6 +101,11 @@ def _closed_form(module: nn.Module, local: str) -> Rule | None:
     return next((r for r in (*PACKED_FORMS, *CLOSED_FORMS) if r.handles(module)), None)
 
 
+#: The rules that take a module with its sub-modules' parameters as one unit (besides ``COMPOSITE``,
+#: the rule of a unit none of these takes).
+UNIT_RULES = (REPLAYED, PACKED_ATTENTION, PACKED_UNIT)
+
+
 def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> list[_Planned]:
     """The modules that handle the trainable parameters, with their rules.
 
@@ -123,7 +128,7 @@ def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> lis
     units = {mod_name: module for entries in owners.values() for mod_name, module, local in entries
              if _closed_form(module, local) is None}
     units.update({name: model.get_submodule(name) for name in widened})
-    units.update({name: m for name, m in model.named_modules() if (REPLAYED.handles(m) or PACKED_ATTENTION.handles(m))
+    units.update({name: m for name, m in model.named_modules() if any(r.handles(m) for r in UNIT_RULES)
                   and any(p.requires_grad for p in m.parameters())})
     outer = {u: m for u, m in units.items() if not any(v != u and _inside(u, v) for v in units)}
     planned: dict[tuple[int, str], _Planned] = {}
@@ -136,7 +141,7 @@ def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> lis
                 uses.setdefault((id(module), rule.name), (mod_name, module, rule, local))
             else:
                 inner = mod_name[len(unit):].lstrip(".") if unit else mod_name
-                rule = next((r for r in (REPLAYED, PACKED_ATTENTION) if r.handles(outer[unit])), COMPOSITE)
+                rule = next((r for r in UNIT_RULES if r.handles(outer[unit])), COMPOSITE)
                 uses.setdefault((id(outer[unit]), rule.name),
                                 (unit, outer[unit], rule, f"{inner}.{local}" if inner else local))
         for key, (name, module, rule, local) in uses.items():

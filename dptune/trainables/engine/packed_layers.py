@@ -14,12 +14,15 @@ packed model are each member's own (``rules.packed``). ``packing`` builds a pack
 """
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, vmap
 from torch.nn.utils.rnn import PackedSequence
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ...errors import UserError
 from .rules.normalisation import llama_rms_norm
@@ -242,6 +245,63 @@ class PackedRNN(nn.Module):
         return member_linear(v, getattr(self, weight), getattr(self, bias) if bias else None)
 
 
+class PackedUnit(nn.Module):
+    """K copies of a module no packed form covers, taken as one unit as the unpacked engine takes it
+    (``rules.composite``: a block that uses its own parameter around its sub-modules, such as
+    ConvNeXt's layer scale ``gamma``; a layer of unknown algebra, such as timm's ``LayerNorm2d``): its
+    sub-modules, parameters and buffers under their own names, the trainable parameters stacked
+    [K, *shape] (the frozen ones and the buffers shared by the members). The forward is the
+    module's own, once per member under ``torch.func.vmap`` over the member dimension (a
+    ``functional_call`` of a copy on the meta device, which holds no memory): member k's rows through
+    member k's parameters. An input tensor whose leading size is the call's rows (the largest leading
+    size among its tensors) is split by member; any other input is shared."""
+
+    def __init__(self, layers: Sequence[nn.Module], body: nn.Module | None = None) -> None:
+        super().__init__()
+        first = layers[0]
+        self.members = len(layers)
+        body = copy.deepcopy(first) if body is None else body   # the pack's own copy: its frozen tensors shared
+        stacks: dict[int, nn.Parameter] = {}
+        for name, p in first.named_parameters(remove_duplicate=False):
+            if p.requires_grad:
+                if id(p) not in stacks:   # a parameter reached under several names: one stack
+                    stacks[id(p)] = nn.Parameter(torch.stack([m.get_parameter(name).detach().clone() for m in layers]))
+                stack, (owner, _, local) = stacks[id(p)], name.rpartition(".")
+                setattr(body.get_submodule(owner) if owner else body, local, stack)
+        for name, child in body.named_children():
+            self.add_module(name, child)
+        for name, p in body.named_parameters(recurse=False):
+            self.register_parameter(name, p)
+        saved = body.state_dict(keep_vars=True)
+        for name, b in body.named_buffers(recurse=False):
+            self.register_buffer(name, b, persistent=name in saved)
+        self.__dict__["template"] = copy.deepcopy(first).to("meta")
+        self.__dict__["unit"] = type(first).__name__
+
+    def tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """({name: stacked trainable parameter}, {name: frozen parameter or buffer}), by their names in the unit."""
+        trainable = {n: p for n, p in self.named_parameters() if p.requires_grad}
+        fixed = {n: p for n, p in self.named_parameters() if not p.requires_grad}
+        return trainable, {**fixed, **dict(self.named_buffers())}
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        K = self.members
+        leaves, spec = tree_flatten((args, kwargs))
+        rows = max((v.shape[0] for v in leaves if isinstance(v, torch.Tensor) and v.dim() > 0), default=0)
+        split = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == rows]
+        trainable, fixed = self.tensors()
+
+        def member(params: dict, *inputs: torch.Tensor) -> object:
+            values = list(leaves)
+            for i, x in zip(split, inputs):
+                values[i] = x
+            member_args, member_kwargs = tree_unflatten(values, spec)
+            return functional_call(self.template, {**fixed, **params}, member_args, member_kwargs)
+
+        out = vmap(member, randomness="error")(trainable, *(by_member(leaves[i], K) for i in split))
+        return tree_map(lambda t: t.reshape(-1, *t.shape[2:]) if isinstance(t, torch.Tensor) else t, out)
+
+
 def _attention_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, rows: int, heads: int,
                     T: int, dtype: torch.dtype) -> torch.Tensor | None:
     """nn.MultiheadAttention's masks (bool: True is masked out; float: added) as one additive mask
@@ -256,7 +316,8 @@ def _attention_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tens
     return mask
 
 
-PACKED = (PackedLinear, PackedConv1D, PackedConv2d, PackedNorm, PackedEmbedding, PackedMultiheadAttention, PackedRNN)
+PACKED = (PackedLinear, PackedConv1D, PackedConv2d, PackedNorm, PackedEmbedding, PackedMultiheadAttention, PackedRNN,
+          PackedUnit)
 #: Set on a module of a pack whose own trainable parameters are per-example broadcasts (a ViT's class
 #: token and position embedding, ``rules.broadcast.Broadcast``): the names stacked over the members.
 PACKED_BROADCASTS = "packed_broadcasts"

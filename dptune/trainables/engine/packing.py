@@ -1,9 +1,11 @@
 """Building a pack from K models of one architecture, and checking it (docs/architecture.md, "Packed trials").
 
 Each module that owns trainable parameters is replaced by its packed form (``packed_layers``), once
-per module object under every name it is registered under; a weight tied across layers (token
-embeddings and an output layer: the tie whose per-member rule ``rules.tied`` knows) stays one packed
-parameter. Before anything trains, :func:`check_members` checks the pack's invariant: every
+per module object under every name it is registered under; a module with none (a block using its
+own parameter around its sub-modules, a layer of unknown algebra) is packed whole, with its
+sub-modules, as a ``PackedUnit`` — the outermost such module, the unit the unpacked engine's
+composite rule takes. A weight tied across layers (token embeddings and an output layer: the tie
+whose per-member rule ``rules.tied`` knows; any tie inside one unit) stays one packed parameter. Before anything trains, :func:`check_members` checks the pack's invariant: every
 trainable parameter of the source is exactly one packed parameter with the member dimension.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .rules.broadcast import BROADCAST
 from .rules.linear import linear_types
 from .rules.normalisation import layer_norm_types, llama_rms_norm
 from .packed_layers import (PACKED, PACKED_BROADCASTS, PackedConv1D, PackedConv2d, PackedEmbedding, PackedLinear,
-                            PackedMultiheadAttention, PackedNorm, PackedRNN, pack_broadcasts)
+                            PackedMultiheadAttention, PackedNorm, PackedRNN, PackedUnit, pack_broadcasts)
 from .rules.tied import closed_tie
 
 
@@ -61,6 +63,31 @@ def _owners(model: nn.Module) -> list[str]:
             if any(p.requires_grad for p in m.parameters(recurse=False))]
 
 
+def _inside(name: str, unit: str) -> bool:
+    return unit == "" or name == unit or name.startswith(unit + ".")
+
+
+def packed_units(model: nn.Module) -> list[str]:
+    """Names of the modules a pack takes whole (``PackedUnit``): the outermost of those owning a
+    trainable parameter with no packed form (nor a per-example broadcast)."""
+    bare = [name for name in dict.fromkeys(_owners(model)) if _packed_form(model.get_submodule(name)) is None
+            and not _broadcast_owner(model.get_submodule(name))]
+    return [u for u in bare if not any(v != u and _inside(u, v) for v in bare)]
+
+
+def _layout(model: nn.Module) -> list[tuple[str, str]]:
+    """(name, how) for every module the pack replaces, each name under which it is registered:
+    ``unit`` (packed whole) or ``form`` (its packed form, or its broadcasts stacked in place);
+    owners inside a unit are the unit's."""
+    units = packed_units(model)
+    layout = []
+    for name in _owners(model):
+        unit = next((u for u in units if _inside(name, u)), None)
+        if unit is None or unit == name:
+            layout.append((name, "form" if unit is None else "unit"))
+    return layout
+
+
 def trainable_names(model: nn.Module) -> dict[int, list[str]]:
     """Every trainable ``Parameter`` object of ``model`` (by id) with all the names that reach it: more
     than one when its module is registered under several names or the weight is tied across layers."""
@@ -82,15 +109,16 @@ def _uses(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module, str]]
 
 
 def packing_problems(model: nn.Module) -> list[str]:
-    """Why ``model`` cannot be packed: each module owning a trainable parameter with no packed form,
-    and each weight tied across layers other than token embeddings tied to an output layer (the tie
-    the pack's rules know, ``rules.tied``). A module registered under several names is packed once."""
-    problems = [f"{name or '<root>'} ({type(model.get_submodule(name)).__name__}): no packed form"
-                for name in dict.fromkeys(_owners(model)) if _packed_form(model.get_submodule(name)) is None
-                and not _broadcast_owner(model.get_submodule(name))]
+    """Why ``model`` cannot be packed: each weight tied across layers other than token embeddings
+    tied to an output layer (the tie the pack's rules know, ``rules.tied``) or uses inside one unit
+    (``packed_units``). A module registered under several names is packed once."""
+    problems = []
+    units = packed_units(model)
     for names in trainable_names(model).values():
         uses = _uses(model, names)
-        if len(uses) > 1 and not closed_tie(uses):
+        within = {next((u for u in units if _inside(owner, u)), owner)
+                  for owner in (name.rpartition(".")[0] for name in names)}
+        if len(uses) > 1 and len(within) > 1 and not closed_tie(uses):
             problems.append(f"{' = '.join(names)} (a weight tied across layers: a pack keeps ties only between "
                             "token embeddings and an output layer)")
     return problems
@@ -120,23 +148,29 @@ def check_members(source: nn.Module, packed: nn.Module, members: int) -> None:
 
 def pack_models(models: Sequence[nn.Module]) -> nn.Module:
     """One packed model from K models of the same architecture (their weights become the members').
-    Frozen modules are shared (taken from the first model). Refuses, naming them, the modules that
-    own a trainable parameter and have no packed form, and parameters reached under several names;
-    then checks the pack's invariant (:func:`check_members`) before anything trains."""
+    Frozen modules are shared (taken from the first model). Refuses, naming them, the weights tied
+    across layers that the pack has no rule for (:func:`packing_problems`); then checks the pack's
+    invariant (:func:`check_members`) before anything trains."""
     problems = packing_problems(models[0])
     if problems:
         raise UserError(f"model cannot be packed: {'; '.join(problems)}; set search.pack: off to train its configurations apart")
     packed = copy.deepcopy(models[0])
     done: dict[int, nn.Module] = {}   # a source module → its packed form, set under each of its names
-    for name in _owners(models[0]):
+    for name, how in _layout(models[0]):
         layers = [m.get_submodule(name) for m in models]
         if id(layers[0]) not in done:
             form = _packed_form(layers[0])
-            if form is None:   # a broadcast owner (packing_problems refused every other): packed in place
+            if how == "unit":   # packed whole, from the pack's own copy (its frozen tensors stay shared)
+                done[id(layers[0])] = PackedUnit(layers, packed.get_submodule(name))
+            elif form is None:   # a broadcast owner: packed in place
                 pack_broadcasts(packed.get_submodule(name), layers)
                 done[id(layers[0])] = packed.get_submodule(name)
                 continue
-            done[id(layers[0])] = form(layers)
+            else:
+                done[id(layers[0])] = form(layers)
+        if not name:   # the whole model is one unit
+            packed = done[id(layers[0])]
+            continue
         parent, _, leaf = name.rpartition(".")
         setattr(packed.get_submodule(parent) if parent else packed, leaf, done[id(layers[0])])
     _retie(models[0], packed)
@@ -156,13 +190,22 @@ def _retie(source: nn.Module, packed: nn.Module) -> None:
 
 def packed_parameters(packed: nn.Module) -> list[nn.Parameter]:
     """The parameters of a pack that carry the member dimension, each once (a tied weight is one)."""
-    out: dict[int, nn.Parameter] = {}
-    for m in packed.modules():
-        names = (None if isinstance(m, PACKED) else getattr(m, PACKED_BROADCASTS, ()))
-        for local, p in m.named_parameters(recurse=False):
-            if names is None or local in names:
-                out.setdefault(id(p), p)
-    return list(out.values())
+    return list({id(p): p for _, p in _member_parameters(packed)}.values())
+
+
+def _member_parameters(packed: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of each parameter with the member dimension, under every name that reaches it
+    (a packed layer's own, a unit's trainable ones at any depth, a module's stacked broadcasts)."""
+    out = []
+    for name, m in packed.named_modules(remove_duplicate=False):
+        if isinstance(m, PackedUnit):
+            stacked = m.tensors()[0]
+        elif isinstance(m, PACKED):
+            stacked = dict(m.named_parameters(recurse=False))
+        else:
+            stacked = {n: m.get_parameter(n) for n in getattr(m, PACKED_BROADCASTS, ())}
+        out += [(f"{name}.{local}" if name else local, p) for local, p in stacked.items()]
+    return out
 
 
 def keep_members(packed: nn.Module, rows: Sequence[int]) -> None:
@@ -182,10 +225,6 @@ def keep_members(packed: nn.Module, rows: Sequence[int]) -> None:
 def load_member(packed: nn.Module, model: nn.Module, k: int) -> nn.Module:
     """Copy member ``k``'s weights into ``model`` (an unpacked model of the same architecture)."""
     with torch.no_grad():
-        for name, m in packed.named_modules():
-            if isinstance(m, PACKED) or hasattr(m, PACKED_BROADCASTS):
-                target = model.get_submodule(name)
-                for local, p in m.named_parameters(recurse=False):
-                    if isinstance(m, PACKED) or local in getattr(m, PACKED_BROADCASTS):
-                        getattr(target, local).copy_(p[k])
+        for name, p in _member_parameters(packed):
+            model.get_parameter(name).copy_(p[k])
     return model

@@ -62,6 +62,12 @@ def filled(call: Call) -> list[torch.Tensor]:
             for g, (shape, dtype, device) in zip(call.grads, call.shapes)]
 
 
+def kept_bytes(calls: Sequence[Call]) -> int:
+    """What a unit's calls hold for its rule: their input tensors and output gradients."""
+    return sum(tensor_bytes(*[a for a in tree_flatten(c.args)[0] if isinstance(a, torch.Tensor)], *filled(c))
+               for c in calls)
+
+
 class Composite(Rule):
     """Any module as one unit (see the module docstring)."""
 
@@ -80,19 +86,19 @@ class Composite(Rule):
 
     def per_sample(self, module, calls, names, ctx, batch_size):
         grads = self.per_example(module, calls, names, batch_size, ctx.precision)
-        kept = sum(tensor_bytes(*[a for a in tree_flatten(c.args)[0] if isinstance(a, torch.Tensor)], *filled(c))
-                   for c in calls)
-        return materialised_rule(grads, f"per-example vmap ({type(module).__name__})", kept)
+        return materialised_rule(grads, f"per-example vmap ({type(module).__name__})", kept_bytes(calls))
 
     def per_example(self, module: nn.Module, calls: Sequence[Call], names: Sequence[str],
-                    batch_size: int, precision: Precision = Precision()) -> dict[str, torch.Tensor]:
+                    batch_size: int, precision: Precision = Precision(), params: dict | None = None,
+                    fixed: dict | None = None) -> dict[str, torch.Tensor]:
         """{name: [b, *shape]}: the per-example gradients of ``module``'s parameters ``names`` (dotted
         paths inside it), summed over its calls; each call replayed under ``precision``'s autocast, as
-        the training forward ran it."""
-        params = {n: module.get_parameter(n).detach() for n in names}
+        the training forward ran it. ``params`` (by those names) and ``fixed`` (other parameters and
+        buffers) replace the module's own tensors in the replay (a pack member's, ``rules.packed``)."""
+        params = {n: module.get_parameter(n).detach() for n in names} if params is None else params
         total: dict[str, torch.Tensor] = {}
         for call in calls:
-            view = self._view(module, call, batch_size)
+            view = self._view(module, call, batch_size, fixed or {})
 
             def example(cotangents: tuple, inputs: tuple, _view: _View = view) -> dict:
                 _, pullback = vjp(lambda p: _view.forward(p, *inputs), params)
@@ -111,7 +117,7 @@ class Composite(Rule):
                 total[n] = total[n] + g if n in total else g
         return total
 
-    def _view(self, module: nn.Module, call: Call, batch_size: int) -> _View:
+    def _view(self, module: nn.Module, call: Call, batch_size: int, fixed: dict) -> _View:
         """Inputs batched on dim 0 (or where ``_input_dims`` says), outputs on dim 0."""
         leaves, spec = tree_flatten((call.args, call.kwargs))
         dims = _input_dims(module, call, leaves, batch_size)
@@ -128,7 +134,7 @@ class Composite(Rule):
                 values[i] = x.unsqueeze(dims[i])
             args, kwargs = tree_unflatten(values, spec)
             with replayed_recurrent_layers(module):
-                return tuple(self.outputs(module, functional_call(module, params, args, kwargs), ""))
+                return tuple(self.outputs(module, functional_call(module, {**fixed, **params}, args, kwargs), ""))
 
         return _View(forward, [leaves[i] for i in batched], [dims[i] for i in batched], filled(call), out_dims)
 

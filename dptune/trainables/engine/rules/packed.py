@@ -12,14 +12,16 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from .base import Call, LayerGrads, NormContext, Rule, compute_dtype, scaled_rows, tensor_bytes, unfold_patches, wide
 from .broadcast import Broadcast
+from .composite import Composite, kept_bytes
 from .conv import Conv2d
 from .embedding import embedding_clipped, embedding_sq_norms
 from .linear import LinearLike, WeightGrads, linear_weight_grads, prefer_ghost, weight_and_bias
 from ..packed_layers import (PACKED_BROADCASTS, PackedConv1D, PackedConv2d, PackedEmbedding, PackedLinear, PackedMultiheadAttention,
-                            PackedNorm, by_member)
+                            PackedNorm, PackedUnit, by_member)
 
 
 def per_member(c: torch.Tensor, per_sample: torch.Tensor, members: int) -> torch.Tensor:
@@ -265,8 +267,46 @@ class PackedBroadcast(Broadcast):
         return _materialised({n: grads[n] for n in names if n in grads}, members, "per-example expansion, packed")
 
 
+class PackedUnitRule(Composite):
+    """``PackedUnit``: the composite rule (``rules.composite``) per member — member k's per-example
+    gradients replayed on its own rows through its own parameters (its slices of the stacks), as
+    its own model's unit is replayed — the clipped sums per member."""
+
+    name = "packed unit (vmap)"
+
+    def handles(self, module: nn.Module) -> bool:
+        return isinstance(module, PackedUnit)
+
+    def per_sample(self, module, calls, names, ctx, batch_size):
+        K = module.members
+        b = batch_size // K
+        trainable, fixed = module.tensors()
+        rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        for k in range(K):
+            member = [_member_call(call, slice(k * b, (k + 1) * b), batch_size) for call in calls]
+            grads = self.per_example(module.template, member, names, b, ctx.precision,
+                                     params={n: trainable[n][k].detach() for n in names}, fixed=fixed)
+            for n in names:
+                rows[n].append(grads[n])
+        return _materialised({n: torch.cat(g) for n, g in rows.items()}, K, f"per-example vmap ({module.unit}), packed",
+                             kept_bytes(calls))
+
+
+def _member_call(call: Call, rows: slice, batch_size: int) -> Call:
+    """The part of a packed unit's call that is one member's: its rows of every input and output
+    gradient whose leading size is the call's ``batch_size`` (the rest is shared by the members)."""
+    def part(v: object) -> object:
+        return v[rows] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch_size else v
+
+    args, kwargs = tree_map(part, (call.args, call.kwargs))
+    grads = [part(g) for g in call.grads]
+    shapes = [((rows.stop - rows.start, *shape[1:]), dtype, device) for shape, dtype, device in call.shapes]
+    return Call(args, kwargs, grads, shapes)
+
+
 PACKED_BROADCAST = PackedBroadcast()
 #: The packed layers' rules (``book_keeping`` tries them before the unpacked closed forms).
 PACKED_ATTENTION = PackedAttentionRule()
+PACKED_UNIT = PackedUnitRule()
 PACKED_FORMS: list[Rule] = [PackedLinearRule(), PackedConv2dRule(), PackedNormRule(), PackedEmbeddingRule(),
-                            PACKED_ATTENTION]
+                            PACKED_ATTENTION, PACKED_UNIT]
