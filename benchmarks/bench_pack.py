@@ -27,6 +27,11 @@ B = 8 sequences of 64 tokens, as bench_lm_step builds it): a random Qwen2 (hidde
 RMSNorm, untied embeddings) fine-tuned in full, and SmolLM2-135M + LoRA (its frozen base shared by the
 K·B rows).
 
+ConvNeXt cases (``--cases convnext_film convnext_full``): timm's ConvNeXt-Atto, random weights, whose
+``LayerNorm2d`` (and, in full, each block with its layer scale) has no packed form of its own algebra: a
+pack takes each such module whole (``PackedUnit``: its forward vmapped over the members, its
+per-example gradients replayed per member, as a lone trial's composite rule replays it).
+
 Run: python benchmarks/bench_pack.py [--cases cnn wrn16_4 vit_tiny_film] [--members 1 4 16]
                                      [--device cuda] [--processes] [--rounds 5] [--steps 5]
      python benchmarks/bench_pack.py --cell [--batch 32] [--epochs 1] [--epsilon 8]

@@ -82,6 +82,11 @@ CASES: dict[str, tuple[int, Callable[[int, int, str], Case]]] = {
                                                   peft="lora", attention=a)),
     "lstm": (256, lambda b, t, a: image_case("LSTM over rows, 1×28×28, hidden 128", "lstm", (1, 28, 28), 10, b,
                                              hidden=128)),
+    # timm's ConvNeXt: LayerNorm2d (and under full the blocks' layer scale) have no closed form: composite units
+    "convnext_film": (32, lambda b, t, a: image_case("ConvNeXt-Atto + FiLM, 3×32×32", "timm:convnext_atto", (3, 32, 32), 10,
+                                                     b, peft="film", weights="random")),
+    "convnext_full": (32, lambda b, t, a: image_case("ConvNeXt-Atto full, 3×32×32", "timm:convnext_atto", (3, 32, 32), 10,
+                                                     b, peft="full", weights="random")),
     "vit_tv": (64, lambda b, t, a: image_case("torchvision ViT, Tiny-sized (192 × 12 layers, 3 heads), 3×32×32, "
                                               "patch 4", "vit", (3, 32, 32), 10, b, patch_size=4, depth=12,
                                               embed_dim=192, num_heads=3)),
