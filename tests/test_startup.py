@@ -100,3 +100,27 @@ def test_the_sweep_driver_loads_no_torch_before_its_trials():
                            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'timm'}))"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+TRIAL = """
+import json, sys
+from dptune.schema import TrainConfig
+from dptune.trainables.training import Trainer
+Trainer(TrainConfig(dataset="mnist5k", model="cnn", batch_size=64, epochs=1, clip_bound=1.0, learning_rate=1.0,
+                    epsilon=1.0, seed=0, device="cpu"))
+print("LOADED " + json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {"sklearn", "scipy", "transformers"})))
+"""
+
+
+def test_a_warm_trial_on_data_without_sklearn_imports_neither_sklearn_nor_scipy(tmp_path):
+    """A trial process's start (each of a sweep's trial workers, and again whenever Ray Tune evicts
+    an idle one): building the trainer of an MNIST trial whose σ and ε curve are cached imports
+    neither sklearn (≈ 1 s of each start, imported by the HF data module for its stratified splits)
+    nor scipy (the accountant's PRV code)."""
+    env = {**os.environ, "DPTUNE_CACHE_DIR": str(tmp_path / "cache")}
+    loaded = []
+    for _ in range(2):   # cold: σ is calibrated (the check can fail); warm: read from the cache
+        proc = subprocess.run([sys.executable, "-c", TRIAL], capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        loaded.append(json.loads(proc.stdout.split("LOADED ")[-1]))
+    assert "scipy" in loaded[0] and loaded[1] == [], loaded

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset
 
 from ...errors import UserError
@@ -161,6 +160,8 @@ def _train_test(data: datasets.DatasetDict, test_size: float, seed: int,
     for name in ("test", "validation"):
         if name in data:
             return train, data[name], label
+    from sklearn.model_selection import train_test_split   # here: a trial on other data does not import sklearn
+
     labels = np.asarray(train[label])
     tr, te = train_test_split(np.arange(len(labels)), test_size=test_size, stratify=labels, random_state=seed)
     return train.select(np.sort(tr)), train.select(np.sort(te)), label
@@ -171,6 +172,8 @@ def _subset(split: datasets.Dataset, labels: np.ndarray, fraction: float,
     """A stratified, seeded ``fraction`` of ``split``."""
     if fraction >= 1.0:
         return split, labels
+    from sklearn.model_selection import train_test_split
+
     keep, _ = train_test_split(np.arange(len(labels)), train_size=fraction, stratify=labels, random_state=seed)
     keep = np.sort(keep)
     return split.select(keep), labels[keep]
@@ -256,6 +259,8 @@ def bbc_news(*, seed: int = 0, tokenizer: str | None = None, max_length: int = D
             texts.append(read_article(path))
             labels.append(label)
     labels = np.asarray(labels)
+    from sklearn.model_selection import train_test_split
+
     tr, te = train_test_split(np.arange(len(labels)), test_size=test_size, stratify=labels, random_state=seed)
     return text_splits("bbc_news", ([texts[i] for i in tr], [texts[i] for i in te]), (labels[tr], labels[te]),
                        classes, tokenizer=tokenizer, max_length=max_length)
