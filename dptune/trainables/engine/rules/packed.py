@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from .base import Call, LayerGrads, NormContext, Rule, compute_dtype, scaled_rows, tensor_bytes, unfold_patches, wide
+from .base import (Call, LayerGrads, NormContext, Rule, compute_dtype, materialised_rule, scaled_rows, tensor_bytes,
+                   unfold_patches, wide)
 from .broadcast import Broadcast
 from .composite import Composite, kept_bytes
 from .conv import Conv2d
@@ -281,15 +282,20 @@ class PackedUnitRule(Composite):
         K = module.members
         b = batch_size // K
         trainable, fixed = module.tensors()
-        rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        members = []   # each member's own materialised rule (no copy of its per-example gradients into one)
         for k in range(K):
             member = [_member_call(call, slice(k * b, (k + 1) * b), batch_size) for call in calls]
             grads = self.per_example(module.template, member, names, b, ctx.precision,
                                      params={n: trainable[n][k].detach() for n in names}, fixed=fixed)
-            for n in names:
-                rows[n].append(grads[n])
-        return _materialised({n: torch.cat(g) for n, g in rows.items()}, K, f"per-example vmap ({module.unit}), packed",
-                             kept_bytes(calls))
+            members.append(materialised_rule(grads, "", 0))
+
+        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+            sums = [rule.clipped(c_k) for rule, c_k in zip(members, by_member(c, K))]
+            return {n: torch.stack([s[n] for s in sums]) for n in names}
+
+        return LayerGrads(torch.cat([rule.sq for rule in members]), clipped,
+                          f"per-example vmap ({module.unit}), packed",
+                          kept_bytes(calls) + sum(rule.kept_bytes for rule in members))
 
 
 def _member_call(call: Call, rows: slice, batch_size: int) -> Call:
