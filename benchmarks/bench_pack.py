@@ -33,7 +33,7 @@ pack takes each such module whole (``PackedUnit``: its forward vmapped over the 
 per-example gradients replayed per member, as a lone trial's composite rule replays it).
 
 Run: python benchmarks/bench_pack.py [--cases cnn wrn16_4 vit_tiny_film] [--members 1 4 16]
-                                     [--device cuda] [--processes] [--rounds 5] [--steps 5]
+                                     [--device cuda] [--processes] [--rounds 5] [--steps 5] [--max-rows N]
      python benchmarks/bench_pack.py --cell [--batch 32] [--epochs 1] [--epsilon 8]
 """
 from __future__ import annotations
@@ -105,11 +105,11 @@ def separate_step(model: nn.Module, inputs, targets, k: int, loss=LOSS):
     return step
 
 
-def pack_step(model: nn.Module, inputs, targets, members: int, loss=LOSS):
+def pack_step(model: nn.Module, inputs, targets, members: int, loss=LOSS, max_rows: int | None = None):
     packed = pack_models([model] * members)
     clips, sigmas, lrs = zip(*(settings(k) for k in range(members)))
     engine = DPEngine(packed, loss, members=members, clip_bound=clips, noise_multiplier=sigmas,
-                      expected_batch_size=len(targets))
+                      expected_batch_size=len(targets), max_physical_batch_size=max_rows)
     opt = PackedOptimizer(torch.optim.SGD([p for p in packed.parameters() if p.requires_grad], lr=1.0), lrs,
                           engine.active)
 
@@ -207,6 +207,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="steps timed per round and method")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-rows", type=int, help="rows of one packed pass (micro-batches, exact: the same sums; "
+                                                     "as a PackTrainer splits a pack that would not fit) [all K·B]")
     parser.add_argument("--cell", action="store_true", help="whole trainings of a default-sweep cell instead")
     parser.add_argument("--batch", type=int, nargs="+", default=[32, 128, 512], help="--cell: batch sizes")
     parser.add_argument("--epochs", type=float, nargs="+", default=[1, 16], help="--cell: epochs")
@@ -232,7 +234,7 @@ def main() -> None:
         for members in args.members:
             models = [copy.deepcopy(case.model) for _ in range(members)]
             steps = {"non-private": nonprivate_step(copy.deepcopy(case.model), case.inputs, case.targets, loss),
-                     "pack": pack_step(case.model, case.inputs, case.targets, members, loss)}
+                     "pack": pack_step(case.model, case.inputs, case.targets, members, loss, args.max_rows)}
             separate = [separate_step(m, case.inputs, case.targets, k, loss) for k, m in enumerate(models)]
             steps["separate"] = lambda: [s() for s in separate]
             for step in steps.values():
@@ -244,8 +246,8 @@ def main() -> None:
             rate = {m: (1 if m == "non-private" else members) / statistics.median(t) for m, t in times.items()}
             frac = members / fractional(name, args.device, members, args.steps * args.rounds) \
                 if args.processes and name not in LM_CASES else float("nan")
-            print(f"| {case.label}, B={len(case.targets)} | {members} | {rate['non-private']:.1f} | "
-                  f"{rate['separate']:.1f} | {frac:.1f} | {rate['pack']:.1f} | {rate['pack'] / rate['separate']:.2f} | "
+            print(f"| {case.label}, B={len(case.targets)} | {members} | {rate['non-private']:.3g} | "
+                  f"{rate['separate']:.3g} | {frac:.3g} | {rate['pack']:.3g} | {rate['pack'] / rate['separate']:.2f} | "
                   f"{rate['pack'] / frac:.2f} |", flush=True)
             del models, steps, separate
             if args.device.startswith("cuda"):
