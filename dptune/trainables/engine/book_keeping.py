@@ -44,7 +44,7 @@ from .batching import Inputs, batch_len, model_outputs
 from .rules.composite import COMPOSITE, detached
 from .rules.replay import REPLAYED
 from .rules import CLOSED_FORMS
-from .rules.base import Call, LayerGrads, NormContext, Rule, materialised_rule
+from .rules.base import Call, LayerGrads, NormContext, Rule, materialised_rule, outermost, unit_of
 from .rules.broadcast import BROADCAST, Broadcast
 from .norm_estimators import RANDOMISED_WEIGHT_NORMS
 from .rules.packed import PACKED_ATTENTION, PACKED_BROADCAST, PACKED_FORMS, PACKED_UNIT
@@ -89,11 +89,6 @@ class _Planned:
         return dict(zip(self.names, self.qualified))
 
 
-def _inside(name: str, unit: str) -> bool:
-    """Module ``name`` is ``unit`` or one of its sub-modules."""
-    return unit == "" or name == unit or name.startswith(unit + ".")
-
-
 def _closed_form(module: nn.Module, local: str) -> Rule | None:
     """The closed-form rule for ``module``'s own parameter ``local``, if any."""
     if BROADCAST.handles(module) and local in BROADCAST.parameter_names(module):
@@ -130,12 +125,12 @@ def plan_modules(model: nn.Module, widened: frozenset[str] = frozenset()) -> lis
     units.update({name: model.get_submodule(name) for name in widened})
     units.update({name: m for name, m in model.named_modules() if any(r.handles(m) for r in UNIT_RULES)
                   and any(p.requires_grad for p in m.parameters())})
-    outer = {u: m for u, m in units.items() if not any(v != u and _inside(u, v) for v in units)}
+    outer = {u: units[u] for u in outermost(units)}
     planned: dict[tuple[int, str], _Planned] = {}
     for pid, entries in owners.items():
         uses: dict[tuple[int, str], tuple[str, nn.Module, Rule, str]] = {}
         for mod_name, module, local in entries:
-            unit = next((u for u in outer if _inside(mod_name, u)), None)
+            unit = unit_of(mod_name, outer)
             if unit is None:
                 rule = _closed_form(module, local)
                 uses.setdefault((id(module), rule.name), (mod_name, module, rule, local))

@@ -280,9 +280,10 @@ class PackedUnit(nn.Module):
 
     def tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """({name: stacked trainable parameter}, {name: frozen parameter or buffer}), by their names in the unit."""
-        trainable = {n: p for n, p in self.named_parameters() if p.requires_grad}
-        fixed = {n: p for n, p in self.named_parameters() if not p.requires_grad}
-        return trainable, {**fixed, **dict(self.named_buffers())}
+        trainable, fixed = {}, dict(self.named_buffers())
+        for n, p in self.named_parameters():   # one pass: every forward reads them
+            (trainable if p.requires_grad else fixed)[n] = p
+        return trainable, fixed
 
     def forward(self, *args: object, **kwargs: object) -> object:
         K = self.members

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ...errors import UserError
-from .rules.base import loaded_class, own_forward
+from .rules.base import loaded_class, outermost, own_forward, unit_of
 from .rules.broadcast import BROADCAST
 from .rules.linear import linear_types
 from .rules.normalisation import layer_norm_types, llama_rms_norm
@@ -63,16 +63,11 @@ def _owners(model: nn.Module) -> list[str]:
             if any(p.requires_grad for p in m.parameters(recurse=False))]
 
 
-def _inside(name: str, unit: str) -> bool:
-    return unit == "" or name == unit or name.startswith(unit + ".")
-
-
 def packed_units(model: nn.Module) -> list[str]:
     """Names of the modules a pack takes whole (``PackedUnit``): the outermost of those owning a
     trainable parameter with no packed form (nor a per-example broadcast)."""
-    bare = [name for name in dict.fromkeys(_owners(model)) if _packed_form(model.get_submodule(name)) is None
-            and not _broadcast_owner(model.get_submodule(name))]
-    return [u for u in bare if not any(v != u and _inside(u, v) for v in bare)]
+    return outermost(name for name in dict.fromkeys(_owners(model)) if _packed_form(model.get_submodule(name)) is None
+                     and not _broadcast_owner(model.get_submodule(name)))
 
 
 def _layout(model: nn.Module) -> list[tuple[str, str]]:
@@ -82,7 +77,7 @@ def _layout(model: nn.Module) -> list[tuple[str, str]]:
     units = packed_units(model)
     layout = []
     for name in _owners(model):
-        unit = next((u for u in units if _inside(name, u)), None)
+        unit = unit_of(name, units)
         if unit is None or unit == name:
             layout.append((name, "form" if unit is None else "unit"))
     return layout
@@ -116,7 +111,7 @@ def packing_problems(model: nn.Module) -> list[str]:
     units = packed_units(model)
     for names in trainable_names(model).values():
         uses = _uses(model, names)
-        within = {next((u for u in units if _inside(owner, u)), owner)
+        within = {owner if (unit := unit_of(owner, units)) is None else unit
                   for owner in (name.rpartition(".")[0] for name in names)}
         if len(uses) > 1 and len(within) > 1 and not closed_tie(uses):
             problems.append(f"{' = '.join(names)} (a weight tied across layers: a pack keeps ties only between "
@@ -159,10 +154,9 @@ def pack_models(models: Sequence[nn.Module]) -> nn.Module:
     for name, how in _layout(models[0]):
         layers = [m.get_submodule(name) for m in models]
         if id(layers[0]) not in done:
-            form = _packed_form(layers[0])
             if how == "unit":   # packed whole, from the pack's own copy (its frozen tensors stay shared)
                 done[id(layers[0])] = PackedUnit(layers, packed.get_submodule(name))
-            elif form is None:   # a broadcast owner: packed in place
+            elif (form := _packed_form(layers[0])) is None:   # a broadcast owner: packed in place
                 pack_broadcasts(packed.get_submodule(name), layers)
                 done[id(layers[0])] = packed.get_submodule(name)
                 continue

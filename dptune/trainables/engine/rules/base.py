@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -168,6 +168,22 @@ class Rule(ABC):
                 == (batch_size,)):
             raise UserError(f"{where}: the engine needs the batch on dim 0 of {type(module).__name__}'s first "
                              "input and output")
+
+
+def inside(name: str, unit: str) -> bool:
+    """Module ``name`` is ``unit`` or one of its sub-modules (``""``: the whole model)."""
+    return unit == "" or name == unit or name.startswith(unit + ".")
+
+
+def outermost(units: Iterable[str]) -> list[str]:
+    """The module names of ``units`` that lie inside no other of them (the units a rule takes whole)."""
+    units = list(units)
+    return [u for u in units if not any(v != u and inside(u, v) for v in units)]
+
+
+def unit_of(name: str, units: Iterable[str]) -> str | None:
+    """The unit of ``units`` that module ``name`` lies inside, or None."""
+    return next((u for u in units if inside(name, u)), None)
 
 
 def loaded_class(module: str, name: str) -> type | None:
