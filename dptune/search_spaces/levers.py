@@ -25,8 +25,8 @@ rest of the spec, and every decision carries the one line ``dptune plan`` prints
   data, the model, B, the seed, the epochs and the options and differ in C, η or ε train as one
   batched model, each still its own trial in the store, the trackers and ``dptune status``, each
   stopped alone by the scheduler; the same results as apart (up to float rounding). On by default for
-  backbones a pack can batch (the catalog's ``packable``); off under private selection (its noisy
-  score has no packed path) and for optuna (TPE proposes one configuration at a time from the
+  backbones a pack can batch (the catalog's ``packable``); off under private selection (each of its
+  trials has its own secret seed: no two share batches) and for optuna (TPE proposes one configuration at a time from the
   results so far). On a CPU only B ≤ 128 is packed (where it was measured to pay: BENCHMARKS.md).
 
 - **bracketing** (``search.bracket``, :mod:`.bracketing`): an optimum on an edge of the C, B or η values
@@ -214,7 +214,7 @@ def _pack_lever(space: "SearchSpace", packable: Collection[str]) -> tuple[bool, 
     if "pack" in search.named:
         return search.pack, "named in the spec" if search.pack else "named off in the spec"
     if space.selection.private:
-        return False, "private selection: its noisy score has no packed path; each trial runs alone"
+        return False, "private selection: each of its trials trains with its own secret seed, so no two share a pack"
     if search.algorithm in MODEL_BASED:
         sampler = "TPE" if search.algorithm == "optuna" else "the GP sampler"
         return False, f"{search.algorithm}: {sampler} proposes one configuration at a time from the results so far"
@@ -225,9 +225,6 @@ def _pack_lever(space: "SearchSpace", packable: Collection[str]) -> tuple[bool, 
         return False, (f"{', '.join(unpackable)} not among the backbones packed by default "
                        f"({', '.join(packable) or 'none'}; a pretrained one with peft other than full); "
                        "`search: {pack: on}` packs any backbone")
-    fixed = [k for k in ("denoise", "diagnostics") if space.trial.fixed.get(k)]
-    if fixed:
-        return False, f"{' and '.join(fixed)}: not supported in a pack"
     return True, ("on by default: configurations that differ only in C, η or ε train as one batched model, each "
                   "still its own trial (on a CPU at B ≤ 128 only, and only while the sweep measures its packs ≥ 1.2× "
                   "cheaper per configuration-step than its lone trials); `search: {pack: off}` turns it off")

@@ -40,7 +40,7 @@ from .engine.optimizers import PackedOptimizer, make_optimizer
 from .engine.pack_memory import MEMORY_SHARE, estimate
 from .engine.packing import keep_members, load_member, pack_models, packing_problems
 from .epoch_loop import EpochReport, fit as fit_run
-from .training import Trainer, check_workers, epoch_epsilons, plan_privacy
+from .training import Trainer, check_workers, engine_parts, epoch_epsilons, part_metrics, plan_privacy
 
 
 #: Training examples the memory estimate runs a forward of (:func:`.engine.pack_memory.estimate`).
@@ -51,9 +51,6 @@ def pack_refusal(cfg: TrainConfig) -> str | None:
     """Why a configuration cannot be trained in a pack (its options), or None."""
     if not cfg.private:
         return "a non-private baseline has no per-example clipping to pack"
-    for name in ("denoise", "score_noise", "diagnostics"):
-        if getattr(cfg, name):
-            return f"{name} is not supported in a pack"
     return None
 
 
@@ -99,7 +96,7 @@ class PackTrainer:
             norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
             max_physical_batch_size=self.rows_per_pass, generator=self.lead.streams["noise"],
             shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"], precision=lead.precision,
-            all_reduce=self.lead.workers.sum if self.lead.workers.size > 1 else None)
+            all_reduce=self.lead.workers.sum if self.lead.workers.size > 1 else None, **engine_parts(lead))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = PackedOptimizer(
             make_optimizer(lead.optimizer, params, lr=1.0, momentum=lead.momentum, weight_decay=lead.weight_decay),
@@ -195,17 +192,21 @@ class PackTrainer:
         """Train to the next epoch boundary (the lead's epoch loop); each active member's metrics, from
         the lead's evaluation of its weights (None for a retired member)."""
         training, start = int(self.engine.active.sum()), self.step
-        norms, labels, _ = self.lead.train_epoch(progress)
+        norms, labels, parts = self.lead.train_epoch(progress)
         self.member_steps += training * (self.step - start)
         norms, labels = self.lead.workers.gather(norms), self.lead.workers.gather(labels)   # all shards
         out: list[dict | None] = []
+        score = self.lead.streams["score"]
+        drawn = score.state()   # private selection: each member draws the score noise it would alone (secure: fresh)
         for k, cfg in enumerate(self.cfgs):
             if not self.is_active(k):
                 out.append(None)
                 continue
             row = self.rows.index(k)
             load_member(self.model, self.lead.model, row)
+            score.load(drawn)
             out.append({**self.lead.epoch_metrics(norms[row], labels, cfg.clip_bound, self.epsilons[k][self.epoch - 1]),
+                        **part_metrics(self.engine.parts, {key: [step[row] for step in steps] for key, steps in parts.items()}),
                         "pack_members": self.members})
         return out
 

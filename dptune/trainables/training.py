@@ -106,6 +106,22 @@ def check_workers(state: dict, workers: int) -> None:
                          f"resources.workers to {saved}")
 
 
+def engine_parts(cfg: TrainConfig) -> dict:
+    """The engine's post-processor and diagnostics for ``cfg``, each built from the options it owns
+    (``DENOISERS``, ``DIAGNOSTICS``)."""
+    return {"denoise": None if cfg.denoise is None else DENOISERS.get(cfg.denoise).from_config(cfg),
+            "diagnostics": [DIAGNOSTICS.get(d).from_config(cfg) for d in cfg.diagnostics]}
+
+
+def part_metrics(parts: list, steps: dict[str, list]) -> dict:
+    """An epoch's metrics of the engine's ``parts`` (a denoiser's statistics; diagnostics, NOT
+    private) from their statistics of each step by key."""
+    metrics: dict = {}
+    for part in parts:
+        metrics.update(part.epoch_metrics(steps[part.key]))
+    return metrics
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -176,16 +192,13 @@ class Trainer:
         self.sampler = PoissonSampler(self.n_train, self.plan.sample_rate, stream=self.streams["sampler"])
         self.engine = None
         if cfg.private:
-            # each part of the engine builds itself from the options it owns (DENOISERS, DIAGNOSTICS)
             self.engine = DPEngine(self.model, self.task.loss, clip_bound=cfg.clip_bound,
                                    noise_multiplier=self.plan.noise_multiplier, expected_batch_size=cfg.batch_size,
                                    norm_estimator=cfg.norm_estimator, sketch_k=cfg.sketch_k, clip_fn=cfg.clip_fn,
                                    max_physical_batch_size=cfg.max_physical_batch_size,
                                    generator=self.streams["noise"], probes=self.streams["probes"],
-                                   denoise=None if cfg.denoise is None else DENOISERS.get(cfg.denoise).from_config(cfg),
-                                   diagnostics=[DIAGNOSTICS.get(d).from_config(cfg) for d in cfg.diagnostics],
                                    all_reduce=self.workers.sum if self.workers.size > 1 else None,
-                                   precision=cfg.precision)
+                                   precision=cfg.precision, **engine_parts(cfg))
         self.step = 0
         self.epoch = 0
         self.train_time_s = 0.0
@@ -285,10 +298,8 @@ class Trainer:
             return {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s, **self.evaluation(),
                     "epsilon_spent": math.inf}
         norms, labels = self.workers.gather(norms), self.workers.gather(labels)  # all shards
-        metrics = self.epoch_metrics(norms, labels, self.cfg.clip_bound, self.epoch_epsilons[self.epoch - 1])
-        for part in self.engine.parts:   # a denoiser's statistics; diagnostics (NOT private)
-            metrics.update(part.epoch_metrics(parts[part.key]))
-        return metrics
+        return {**self.epoch_metrics(norms, labels, self.cfg.clip_bound, self.epoch_epsilons[self.epoch - 1]),
+                **part_metrics(self.engine.parts, parts)}
 
     def epoch_results(self, progress: tqdm | None = None) -> list[dict]:
         """:meth:`run_epoch` as the loop takes it: the metrics of the run's one member."""

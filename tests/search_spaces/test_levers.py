@@ -78,7 +78,6 @@ def test_each_lever_is_off_by_name_or_where_it_cannot_apply(catalog, toy_spec, s
 @pytest.mark.parametrize("change, why", [
     (dict(axes={"epsilon": [1, 4], "backbone": "resnet", "dataset": "toy", "epochs": 2}),
      "resnet not among the backbones packed by default"),
-    (dict(trial={"denoise": "rmt"}), "denoise: not supported in a pack"),
     (dict(axes={"epsilon": [1, 4], "backbone": {"name": "mlp", "peft": "full"}, "dataset": "toy", "epochs": 2}),
      "mlp[peft=full]"),
 ])
@@ -86,6 +85,12 @@ def test_packs_are_off_for_a_backbone_or_an_option_a_pack_cannot_batch(catalog, 
     catalog = dataclasses.replace(catalog, backbones=("mlp", "cnn", "resnet"))
     _, got = levers(bare(toy_spec, **change), catalog)
     assert not got["pack"].on and why in got["pack"].why
+
+
+def test_denoising_and_diagnostics_keep_packs_on(catalog, toy_spec):
+    """A pack denoises and observes each member's step as its own (tests/trainables/test_packs.py)."""
+    _, got = levers(bare(toy_spec, trial={"denoise": "rmt", "diagnostics": ["denoise_cosine"]}), catalog)
+    assert got["pack"].on
 
 
 def test_one_private_eps_has_nothing_to_transfer(catalog, toy_spec):

@@ -14,6 +14,7 @@ from torch import nn
 from dptune.errors import UserError
 from dptune.schema import TrainConfig
 from dptune.trainables import DPEngine
+from dptune.trainables.engine.denoise import COSINE_METRICS
 from dptune.trainables.engine.pack_memory import optimizer_slots
 from dptune.trainables.engine.packed_layers import PackedUnit
 from dptune.trainables.engine.packing import pack_models, packed_units, packing_problems
@@ -340,6 +341,32 @@ def test_a_pack_trains_each_member_as_its_configuration_alone(options):
             assert mine["epsilon_spent"] == theirs["epsilon_spent"]
             assert mine["clipped_fraction"] == pytest.approx(theirs["clipped_fraction"], abs=2e-3)
             assert mine["pack_members"] == 3
+
+
+def test_a_pack_denoises_and_observes_each_member_as_its_configuration_alone():
+    """RMT denoising and the non-private cosine diagnostic in a pack of three configurations whose
+    noise std σ_k/B differs: each member's weights (the denoised steps it took) and every epoch's
+    denoising and cosine metrics equal its configuration's own Trainer's. Before: refused by name."""
+    options = dict(denoise="rmt", diagnostics=["denoise_cosine"])
+    histories, lone = pack_and_alone([digits(**options, **m) for m in MEMBERS])
+    keys = ("denoise_gate_rate", "denoise_mean_shrinkage", "denoise_mean_rank", *COSINE_METRICS)
+    for k, alone in enumerate(lone):
+        for mine, theirs in zip(histories[k], alone):
+            for key in keys:
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-3, abs=1e-6, nan_ok=True), (k, key)
+    gates = [h[-1]["denoise_gate_rate"] for h in lone]
+    assert max(gates) > 0 and len(set(gates)) > 1   # the gate opened, and not alike for every member's σ_k
+
+
+def test_a_pack_under_private_selection_draws_each_members_noisy_score_as_alone():
+    """Private selection's one noisy look at the validation split, in a pack (reproducible mode): each
+    member's ``selection_score`` is its lone run's — its validation accuracy plus the score noise its
+    seed draws — not the next draw of a stream the members share; nothing earlier reports a score."""
+    options = dict(validation_fraction=0.2, score_noise=0.5, epochs=1)
+    histories, lone = pack_and_alone([digits(**options, **m) for m in MEMBERS])
+    for k, alone in enumerate(lone):
+        assert histories[k][-1]["selection_score"] == pytest.approx(alone[-1]["selection_score"], abs=1e-9)
+        assert "validation_accuracy" not in histories[k][-1]
 
 
 def test_a_pack_of_vision_transformers_trains_each_member_as_its_configuration_alone():

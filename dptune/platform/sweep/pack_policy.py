@@ -45,8 +45,8 @@ MEMBER_KEYS = (*PACK_MEMBER_FIELDS, "cell", "noise_sqrt_steps", "lr_multiplier")
 
 @dataclass(frozen=True)
 class PackPolicy:
-    """Which trial configs are packed, and how many together: private ones without denoising,
-    diagnostics or private selection, at B ≤ ``max_batch_size`` (None: any B, as on a GPU)."""
+    """Which trial configs are packed, and how many together: private ones at B ≤ ``max_batch_size``
+    (None: any B, as on a GPU)."""
 
     max_members: int = MAX_MEMBERS
     max_batch_size: int | None = CPU_MAX_BATCH_SIZE
@@ -74,11 +74,6 @@ class PackPolicy:
         """Why a trial config runs alone, not in a pack (None: it may share one)."""
         if not math.isfinite(float(config.get("epsilon", math.inf))):
             return "non-private: no clipping to pack"
-        for option in ("denoise", "diagnostics"):
-            if config.get(option):
-                return f"{option} is not supported in a pack"
-        if config.get("score_noise") is not None:
-            return "private selection's noisy score has no packed path"
         if self.max_batch_size is not None and int(config.get(BATCH_SIZE, 0)) > self.max_batch_size:
             return f"B > {self.max_batch_size} on a CPU, where a pack does not pay"
         return None

@@ -105,8 +105,9 @@ class DPEngine:
     A pack: ``members`` K, ``clip_bound`` and ``noise_multiplier`` one per member; ``shared_noise``
     draws one ξ per parameter and step for all members (reproducible runs: exactly the noise each
     member draws alone from the same seed), else each member its own (secure runs). A retired member
-    (:meth:`retire`) contributes no rows, gets no noise and no step. Denoising and diagnostics
-    observe a single model's step only.
+    (:meth:`retire`) contributes no rows, gets no noise and no step. The denoiser and the diagnostics
+    see each active member's step as that member's own (:meth:`member_steps`: its slices, its σ_k/B and
+    1/(B C_k)), so a member's ĝ and statistics are those of its configuration alone.
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, clip_bound: float | Sequence[float],
@@ -133,8 +134,6 @@ class DPEngine:
             check_option(name, value)
         if not expected_batch_size > 0:
             raise UserError(f"expected_batch_size must be > 0; got {expected_batch_size!r}")
-        if self.packed and (denoise is not None or diagnostics):
-            raise UserError("denoising and diagnostics observe a single model's step; they are not supported in a pack")
         check_model(model)
         self.model = model
         self.params = trainable_parameters(model)
@@ -161,10 +160,12 @@ class DPEngine:
         self.noise = noise or GaussianNoise(std, generator, shared=shared_noise)   # σC, a pack's σ_k C_k
         self.all_reduce = all_reduce
         self.denoiser = DENOISERS.get(denoise)() if isinstance(denoise, str) else denoise
-        self.denoised = self.denoiser.matrices(self.params) if self.denoiser is not None else []
+        # a member's parameters: what its configuration alone would have (a pack's [K, …] less the member dimension)
+        member = {n: p[0] for n, p in self.params.items()} if self.packed else self.params
+        self.denoised = self.denoiser.matrices(member) if self.denoiser is not None else []
         self.diagnostics = [DIAGNOSTICS.get(d)() if isinstance(d, str) else d for d in diagnostics]
         for diagnostic in self.diagnostics:
-            diagnostic.matrices(self.params)   # refuse one that has nothing to observe, before training
+            diagnostic.matrices(member)   # refuse one that has nothing to observe, before training
 
     @property
     def noise_std(self) -> float:
@@ -201,19 +202,22 @@ class DPEngine:
         Returns ``norms`` (per-sample norms used for clipping; NaN or inf for an example that
         contributed nothing), ``clipped_fraction``, ``batch_size`` (realised) and ``nonfinite``
         (examples whose norm was not finite) — non-private diagnostics; in a pack ``norms`` [K, b]
-        and the others per member [K] — and each post-processor's and diagnostic's statistics under its ``key``.
+        and the others per member [K] — and each post-processor's and diagnostic's statistics under its ``key``
+        (a pack's: a list over the members, None for a retired one).
         """
         sums, norms = self._clipped_sums(inputs, targets)
         if self.all_reduce is not None:  # W workers: Σ over their clipped sums, before the one noise draw
             sums = self.all_reduce(sums)
         private = self.normalise(self.noise(sums))
-        step = DPStep(sums, private, private)
-        if not self.packed:
-            step.noise_std, step.scale = self.noise_std, self.scale
+        steps = self.member_steps(sums, private) if self.parts else []
         if self.denoiser is not None:
-            step.gradient, step.post[self.denoiser.key] = self.denoiser(private, self.noise_std, self.denoised)
+            for step in steps:
+                if step is not None:
+                    step.gradient, step.post[self.denoiser.key] = self.denoiser(step.private, step.noise_std,
+                                                                                self.denoised)
+            private = self._gradient(private, steps)
         for name, p in self.params.items():
-            p.grad = step.gradient[name].to(p.dtype)
+            p.grad = private[name].to(p.dtype)
         finite = torch.isfinite(norms)
         over = (norms > self.clip_bounds.to(norms.dtype)[:, None]) & finite
         nonfinite, clipped = (~finite).sum(dim=1), over.sum(dim=1) / finite.sum(dim=1).clamp_min(1)
@@ -222,10 +226,33 @@ class DPEngine:
                      "clipped_fraction": clipped}
         else:
             stats = {"norms": norms[0], "batch_size": int(norms.shape[1]), "nonfinite": int(nonfinite[0]),
-                     "clipped_fraction": float(clipped[0]), **step.post}
-        for diagnostic in self.diagnostics:   # NOT private: they may read the clipped sum before noise
-            stats[diagnostic.key] = diagnostic.observe(step)
+                     "clipped_fraction": float(clipped[0])}
+        for part in self.parts:   # diagnostics are NOT private: they may read the clipped sum before noise
+            observed = [None if step is None else step.post[part.key] if part is self.denoiser else part.observe(step)
+                        for step in steps]
+            stats[part.key] = observed if self.packed else observed[0]
         return stats
+
+    def member_steps(self, sums: Sums, private: Sums) -> list[DPStep | None]:
+        """Each member's step as its configuration alone takes it (None for a retired member): its
+        clipped sums and ĝ (a pack's row k), the noise std σ_k/B of each entry and 1/(B C_k)."""
+        if not self.packed:
+            return [DPStep(sums, private, private, noise_std=self.noise_std, scale=self.scale)]
+        active = self.active.tolist()
+        steps: list[DPStep | None] = []
+        for k, (c, sigma) in enumerate(zip(self.clip_bounds.tolist(), self.noise_multipliers.tolist())):
+            mine = {name: g[k] for name, g in private.items()}
+            steps.append(DPStep({name: s[k] for name, s in sums.items()}, mine, mine,
+                                noise_std=sigma / self.expected_batch_size,
+                                scale=1.0 / (self.expected_batch_size * c)) if active[k] else None)
+        return steps
+
+    def _gradient(self, private: Sums, steps: list[DPStep | None]) -> Sums:
+        """The step taken: ĝ with each member's post-processed matrices (a retired member's rows as they are)."""
+        if not self.packed:
+            return steps[0].gradient
+        return {**private, **{name: torch.stack([private[name][k] if step is None else step.gradient[name]
+                                                 for k, step in enumerate(steps)]) for name in self.denoised}}
 
     def clipped_sum(self, inputs: Inputs, targets: torch.Tensor) -> tuple[Sums, torch.Tensor]:
         """(Σ_i c_i g_i per trainable parameter, per-sample norms n_i) over the logical batch, one
