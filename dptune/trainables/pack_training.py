@@ -12,6 +12,11 @@ copy of its weights. One exception: dropout masks (a model trained with dropout)
 K·b rows from one generator, so they are not the masks the member would have drawn alone (they
 are drawn alike, and nothing of the privacy accounting depends on them).
 
+Each member's denoised step, diagnostics and private selection's noisy score are those of its
+configuration alone (:meth:`.engine.dp_engine.DPEngine.member_steps`); non-private baselines (ε = inf)
+pack among themselves, each member's step its mean gradient over the realised batch
+(:class:`.engine.distributed.Baseline`).
+
 It is trained by the one training loop (:func:`.epoch_loop.fit`): a member whose loss stops being
 finite is recorded as diverged, with its message, and retired (it gets no more steps); so is one the
 caller stops (``retire``); the others go on. A retired member leaves the packed model (its rows cost
@@ -33,11 +38,12 @@ from ..schema import TrainConfig
 from ..schema.trial import PACK_MEMBER_FIELDS
 from .data.splits import DatasetSplits, take
 from .engine.batching import to_device
-from .engine.distributed import Workers
+from .engine.distributed import Baseline, Workers
 from .engine.book_keeping import free_memory
 from .engine.dp_engine import DPEngine
 from .engine.optimizers import PackedOptimizer, make_optimizer
 from .engine.pack_memory import MEMORY_SHARE, estimate
+from .engine.precision import Precision
 from .engine.packing import keep_members, load_member, pack_models, packing_problems
 from .epoch_loop import EpochReport, fit as fit_run
 from .training import Trainer, check_workers, engine_parts, epoch_epsilons, part_metrics, plan_privacy
@@ -45,13 +51,6 @@ from .training import Trainer, check_workers, engine_parts, epoch_epsilons, part
 
 #: Training examples the memory estimate runs a forward of (:func:`.engine.pack_memory.estimate`).
 MEMORY_SAMPLE = 8
-
-
-def pack_refusal(cfg: TrainConfig) -> str | None:
-    """Why a configuration cannot be trained in a pack (its options), or None."""
-    if not cfg.private:
-        return "a non-private baseline has no per-example clipping to pack"
-    return None
 
 
 class PackTrainer:
@@ -68,10 +67,8 @@ class PackTrainer:
         if not cfgs:
             raise UserError("a pack needs at least one configuration")
         self.cfgs = [cfg.validate() for cfg in cfgs]
-        for cfg in self.cfgs:
-            why = pack_refusal(cfg)
-            if why is not None:
-                raise UserError(f"cannot pack this configuration: {why}; set search.pack: off")
+        if len({cfg.private for cfg in self.cfgs}) > 1:
+            raise UserError("the members of a pack are all private or all non-private (epsilon: inf), not both")
         differing = sorted({k for cfg in self.cfgs[1:] for k, v in cfg.to_dict().items()
                             if k not in PACK_MEMBER_FIELDS and v != self.cfgs[0].to_dict()[k]})
         if differing:
@@ -90,20 +87,26 @@ class PackTrainer:
         self.rows_per_pass = self._rows_per_pass(memory_budget)
         self.plans = [self.lead.plan] + [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs[1:]]   # σ once each
         self.model = pack_models([self.lead.model] * self.members)
-        self.engine = DPEngine(
+        self.engine = Baseline(self.model, self.lead.task.loss, workers=self.lead.workers, members=self.members,
+                               precision=Precision(lead.precision), max_rows=self.rows_per_pass) if not lead.private \
+            else DPEngine(
             self.model, self.lead.task.loss, members=self.members, clip_bound=[c.clip_bound for c in self.cfgs],
             noise_multiplier=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
             norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
             max_physical_batch_size=self.rows_per_pass, generator=self.lead.streams["noise"],
             shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"], precision=lead.precision,
             all_reduce=self.lead.workers.sum if self.lead.workers.size > 1 else None, **engine_parts(lead))
+        if lead.private:
+            self.lead.engine = self.engine
+        else:
+            self.lead.baseline = self.engine
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = PackedOptimizer(
             make_optimizer(lead.optimizer, params, lr=1.0, momentum=lead.momentum, weight_decay=lead.weight_decay),
             [c.learning_rate for c in self.cfgs], self.engine.active)
         # the lead's own step and epoch loop trains the pack: its model stays the unpacked copy evaluated
-        self.lead.engine, self.lead.optimizer = self.engine, self.optimizer
-        self.epsilons = [epoch_epsilons(cfg, plan) for cfg, plan in zip(self.cfgs, self.plans)]
+        self.lead.optimizer = self.optimizer
+        self.epsilons = [epoch_epsilons(cfg, plan) if cfg.private else None for cfg, plan in zip(self.cfgs, self.plans)]
         self.histories: list[list[dict]] = [[] for _ in self.cfgs]
         self.errors: list[str | None] = [None] * self.members
         #: the member of each row of the packed model's member dimension (retired members leave it)
@@ -205,6 +208,9 @@ class PackTrainer:
             row = self.rows.index(k)
             load_member(self.model, self.lead.model, row)
             score.load(drawn)
+            if not cfg.private:
+                out.append({**self.lead.baseline_metrics(), "pack_members": self.members})
+                continue
             out.append({**self.lead.epoch_metrics(norms[row], labels, cfg.clip_bound, self.epsilons[k][self.epoch - 1]),
                         **part_metrics(self.engine.parts, {key: [step[row] for step in steps] for key, steps in parts.items()}),
                         "pack_members": self.members})

@@ -29,7 +29,7 @@ from .data.catalog import DATASETS, load_dataset
 from .registries import check_pairing, dataset_task
 from .data.splits import DatasetSplits, take
 from .data.splits import with_validation
-from .engine.distributed import Workers, baseline_gradient
+from .engine.distributed import Baseline, Workers
 from .engine.precision import Precision
 from .engine.dp_engine import DPEngine
 from .frozen_features import head_on_features
@@ -191,6 +191,9 @@ class Trainer:
                                         weight_decay=cfg.weight_decay)
         self.sampler = PoissonSampler(self.n_train, self.plan.sample_rate, stream=self.streams["sampler"])
         self.engine = None
+        #: the non-private baseline's step (a pack's replaces it: :mod:`.pack_training`)
+        self.baseline = None if cfg.private else Baseline(self.model, self.task.loss, workers=self.workers,
+                                                          precision=Precision(cfg.precision))
         if cfg.private:
             self.engine = DPEngine(self.model, self.task.loss, clip_bound=cfg.clip_bound,
                                    noise_multiplier=self.plan.noise_multiplier, expected_batch_size=cfg.batch_size,
@@ -256,7 +259,7 @@ class Trainer:
             stats = self.engine.private_gradient(x, y)
             out = (stats["norms"].detach(), groups, stats)
             self.optimizer.step()
-        elif baseline_gradient(self.model, self.task.loss, x, y, self.workers, Precision(self.cfg.precision)):
+        elif self.baseline(x, y):
             self.optimizer.step()   # non-private baseline: the mean loss over the (global) realised batch
         self.step += 1
         if self.step == 1:
@@ -295,11 +298,15 @@ class Trainer:
         """Train to the end of the next epoch, evaluate, and return the epoch's metrics."""
         norms, labels, parts = self.train_epoch(progress)
         if self.engine is None:
-            return {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s, **self.evaluation(),
-                    "epsilon_spent": math.inf}
+            return self.baseline_metrics()
         norms, labels = self.workers.gather(norms), self.workers.gather(labels)  # all shards
         return {**self.epoch_metrics(norms, labels, self.cfg.clip_bound, self.epoch_epsilons[self.epoch - 1]),
                 **part_metrics(self.engine.parts, parts)}
+
+    def baseline_metrics(self) -> dict:
+        """The metrics of a non-private epoch that ends now: the evaluation, no ε (infinite) and no norms."""
+        return {"epoch": self.epoch, "step": self.step, "train_time_s": self.train_time_s, **self.evaluation(),
+                "epsilon_spent": math.inf}
 
     def epoch_results(self, progress: tqdm | None = None) -> list[dict]:
         """:meth:`run_epoch` as the loop takes it: the metrics of the run's one member."""

@@ -233,3 +233,35 @@ def test_a_member_that_ended_leaves_the_live_views_at_the_report_that_says_so():
     pack.last_result = second
     views.on_trial_complete(2, [pack], pack)
     assert [c for c in recorder.calls if c[0] in ("on_trial_complete", "on_trial_error")] == ends   # once each
+
+
+def test_denoised_observed_and_non_private_trials_pack_and_record_as_the_sweep_run_apart(local_ray, tmp_path):
+    """ε ∈ {4, inf} with RMT denoising and the cosine diagnostic: the private configurations pack
+    (denoised and observed per member), the non-private baselines pack among themselves (never with a
+    private member), and every row and epoch equals the same sweep run unpacked. Before: all six alone."""
+    spec = dict(epsilon=[4.0, float("inf")], batch_size=[64], clip_bound=[0.5, 2.0], multipliers=[0.1, 0.4],
+                model_options={"hidden": 32}, trial={"denoise": "rmt", "diagnostics": ["denoise_cosine"]})
+    packed, rows, epochs = rows_of(tmp_path, "packed", digits_spec(**spec, search={"pack": "on"}),
+                                   Resources(max_concurrent=1))
+    apart, reference, reference_epochs = rows_of(tmp_path, "apart", digits_spec(**spec))
+    packs = [[m["epsilon"] for m in trial.config["pack"]] for trial in packed.results if "pack" in trial.config]
+    assert [4.0, 4.0] in packs and [math.inf, math.inf] in packs and len(packed.results) < len(apart.results)
+    assert sorted(rows.index) == sorted(reference.index)
+    for config_id, row in rows.iterrows():
+        alone = reference.loc[config_id]
+        assert row.status == alone.status
+        if row.status == "equivalent":   # C = 0.5 clipped every example at C = 2: recorded, not trained
+            continue
+        assert row.accuracy == pytest.approx(alone.accuracy, abs=1 / 360)
+        assert row.loss == pytest.approx(alone.loss, rel=1e-4)
+        assert row.epsilon_spent == pytest.approx(alone.epsilon_spent, nan_ok=True)   # the store's NaN: none
+        mine = epochs[epochs.trial_id == row.trial_id].iloc[-1]
+        theirs = reference_epochs[reference_epochs.trial_id == alone.trial_id].iloc[-1]
+        private = row.epsilon == 4.0   # the store holds a baseline's ε = inf as NULL
+        assert private or pd.isna(row.epsilon)
+        for figure in ("denoise_gate_rate", "nonprivate_cos_denoised", "nonprivate_cos_noisy"):
+            if private:
+                assert mine[figure] == pytest.approx(theirs[figure], rel=1e-3, nan_ok=True), figure
+            else:
+                assert pd.isna(mine.get(figure)) and pd.isna(theirs.get(figure))
+        assert not private or 0 < mine["nonprivate_cos_noisy"] < 1   # observed, per member

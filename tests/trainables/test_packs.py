@@ -369,6 +369,41 @@ def test_a_pack_under_private_selection_draws_each_members_noisy_score_as_alone(
         assert "validation_accuracy" not in histories[k][-1]
 
 
+@pytest.mark.parametrize("options,rates", [({}, (0.05, 0.2, 0.8)), (dict(optimizer="sgd", momentum=0.9), (0.02, 0.05, 0.1))],
+                         ids=["sgd", "momentum"])   # (η = 0.8 with momentum 0.9 is chaotic: rounding grows)
+def test_a_pack_of_non_private_baselines_trains_each_member_as_its_configuration_alone(options, rates):
+    """ε = inf (no clipping, no noise, the mean gradient over the realised batch), three learning
+    rates: each member's weights and every epoch's test metrics equal its configuration's own
+    Trainer's, ε is infinite and no norm statistic is reported. Before: refused by name."""
+    cfgs = [digits(clip_bound=1.0, learning_rate=lr, epsilon=float("inf"), **options) for lr in rates]
+    histories, lone = pack_and_alone(cfgs)
+    for k, alone in enumerate(lone):
+        assert len(histories[k]) == len(alone) == 2
+        for mine, theirs in zip(histories[k], alone):
+            assert mine["test_loss"] == pytest.approx(theirs["test_loss"], rel=1e-4)
+            assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=1 / 360)
+            assert mine["epsilon_spent"] == theirs["epsilon_spent"] == float("inf")
+            assert "clipped_fraction" not in mine
+    assert len({h[-1]["test_loss"] for h in histories}) == 3   # three trajectories, not one
+
+
+def test_a_pack_of_non_private_baselines_over_its_memory_budget_still_equals_its_lone_runs():
+    """Passes of at most 15 rows (several per step): each member's mean gradient is still over its
+    whole realised batch, and it ends where its configuration alone does."""
+    cfgs = [digits(clip_bound=1.0, learning_rate=lr, epsilon=float("inf"), epochs=1) for lr in (0.05, 0.2, 0.8)]
+    memory = PackTrainer(cfgs).memory
+    pack = PackTrainer(cfgs, memory_budget=memory.bytes(3, 5) + memory.row_bytes // 2)
+    rows = []
+    pack.model.register_forward_hook(lambda module, args, out: rows.append(len(args[0])))
+    pack.fit()
+    assert rows and max(rows) <= 15 and len(rows) > pack.step
+    for k, cfg in enumerate(cfgs):
+        alone = Trainer(cfg)
+        alone.fit()
+        for n, w in final_weights(alone.model).items():
+            torch.testing.assert_close(pack.member_weights(k)[n], w, rtol=1e-4, atol=1e-5, msg=f"member {k}: {n}")
+
+
 def test_a_pack_of_vision_transformers_trains_each_member_as_its_configuration_alone():
     """torchvision's ViT (nn.MultiheadAttention, a class token and a position embedding, LayerNorm) for
     one epoch: each member's weights and ε equal its configuration's own Trainer's."""
@@ -512,8 +547,8 @@ def test_members_share_noise_when_reproducible_and_draw_their_own_when_secure():
 def test_what_cannot_be_packed_is_refused_by_name():
     with pytest.raises(UserError, match="batch_size"):
         PackTrainer([digits(**MEMBERS[0]), TrainConfig(**{**digits(**MEMBERS[1]).to_dict(), 'batch_size': 32})])
-    with pytest.raises(UserError, match="non-private"):
-        PackTrainer([digits(clip_bound=1.0, learning_rate=0.1, epsilon=float("inf"))])
+    with pytest.raises(UserError, match="all private or all non-private"):
+        PackTrainer([digits(**MEMBERS[0]), digits(clip_bound=1.0, learning_rate=0.1, epsilon=float("inf"))])
 
 
 @pytest.mark.parametrize("model,names", [(SharedModule, ("a", "b")), (TiedWeights, ("emb", "out"))])

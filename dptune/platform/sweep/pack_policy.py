@@ -45,8 +45,8 @@ MEMBER_KEYS = (*PACK_MEMBER_FIELDS, "cell", "noise_sqrt_steps", "lr_multiplier")
 
 @dataclass(frozen=True)
 class PackPolicy:
-    """Which trial configs are packed, and how many together: private ones at B ≤ ``max_batch_size``
-    (None: any B, as on a GPU)."""
+    """Which trial configs are packed, and how many together: those at B ≤ ``max_batch_size`` (None:
+    any B, as on a GPU)."""
 
     max_members: int = MAX_MEMBERS
     max_batch_size: int | None = CPU_MAX_BATCH_SIZE
@@ -72,8 +72,6 @@ class PackPolicy:
 
     def refusal(self, config: dict) -> str | None:
         """Why a trial config runs alone, not in a pack (None: it may share one)."""
-        if not math.isfinite(float(config.get("epsilon", math.inf))):
-            return "non-private: no clipping to pack"
         if self.max_batch_size is not None and int(config.get(BATCH_SIZE, 0)) > self.max_batch_size:
             return f"B > {self.max_batch_size} on a CPU, where a pack does not pay"
         return None
@@ -93,7 +91,8 @@ class PackPolicy:
                 packed.append(b)
             else:
                 reasons.setdefault(why, []).append(b)
-        parts = ([f"B={', '.join(map(str, packed))}: configurations that differ only in C, η (and ε) "
+        differ = "C, η (and ε)" if math.isfinite(plan.cell.epsilon) else "η (non-private baselines)"
+        parts = ([f"B={', '.join(map(str, packed))}: configurations that differ only in {differ} "
                   f"train together, ≤ {self.max_members} per pack"
                   + (f" while their packs measure ≥ {MIN_SPEEDUP:g}× cheaper per configuration-step than their "
                      "lone trials"
@@ -103,8 +102,12 @@ class PackPolicy:
 
 
 def pack_key(config: dict) -> str:
-    """What the members of a pack share: the trial config without its :data:`MEMBER_KEYS`."""
-    return repr(sorted((k, repr(v)) for k, v in config.items() if k not in MEMBER_KEYS))
+    """What the members of a pack share: the trial config without its :data:`MEMBER_KEYS`, but for a
+    non-private one its ε = inf (a pack's members are all private or all non-private baselines)."""
+    shared = {k: v for k, v in config.items() if k not in MEMBER_KEYS}
+    if not math.isfinite(float(config.get("epsilon", math.inf))):
+        shared["epsilon"] = math.inf
+    return repr(sorted((k, repr(v)) for k, v in shared.items()))
 
 
 class PackSpeeds:

@@ -25,12 +25,12 @@ the platform's job (Ray Train, ``dptune.platform.sweep.multi_worker``).
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import torch
 from torch import nn
 
-from .batching import Inputs, batch_len, model_outputs
+from .batching import Inputs, batch_len, micro_batches, model_outputs, repeat_rows
 from .precision import Precision
 
 T = TypeVar("T")
@@ -112,23 +112,53 @@ def shard_bounds(num_examples: int, rank: int, size: int) -> tuple[int, int]:
     return rank * num_examples // size, (rank + 1) * num_examples // size
 
 
-def baseline_gradient(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inputs: Inputs,
-                      targets: torch.Tensor, workers: Workers, precision: Precision = Precision()) -> int:
-    """Non-private baseline: set ``.grad`` to the mean gradient of the per-example ``loss_fn`` over
-    the *global* realised batch (Σ over workers of the summed losses' gradients, over the global batch
-    size), the forward under ``precision``'s autocast; returns that size (0: no step)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if batch_len(inputs):
-        with precision.autocast(targets.device):
-            loss = loss_fn(model_outputs(model, inputs), targets).sum()
-        grads = precision.backward(loss, params)
-    else:
-        grads = [None] * len(params)
-    sums = {str(i): torch.zeros_like(p) if g is None else g for i, (p, g) in enumerate(zip(params, grads))}
-    sums["count"] = torch.tensor([float(len(targets))], device=targets.device, dtype=params[0].dtype)
-    total = workers.sum(sums)
-    count = int(round(float(total.pop("count"))))
-    if count:
-        for i, p in enumerate(params):
-            p.grad = total[str(i)] / count
-    return count
+class Baseline:
+    """The non-private baseline's step: ``.grad`` set to the mean gradient of the per-example ``loss_fn``
+    over the *global* realised batch (Σ over workers of the summed losses' gradients, over the global
+    batch size), the forward under ``precision``'s autocast.
+
+    A pack's (``members`` K: a model of :func:`.packing.pack_models`): the batch is repeated once per
+    member (member-major rows, as the DP engine's), so each member's slice gets its own mean gradient,
+    in passes of at most ``max_rows`` rows; ``active``, :meth:`retire` and :meth:`keep_members` keep its
+    members' flags as :class:`.dp_engine.DPEngine` does (it has no clipping, noise or parts)."""
+
+    packed = True
+    parts: list = []
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                 workers: Workers, precision: Precision = Precision(), members: int = 1,
+                 max_rows: int | None = None) -> None:
+        self.model, self.loss_fn, self.workers, self.precision = model, loss_fn, workers, precision
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.members, self.max_rows = members, max_rows
+        self.active = torch.ones(members, dtype=torch.bool, device=self.params[0].device)
+
+    def __call__(self, inputs: Inputs, targets: torch.Tensor) -> int:
+        """Set every member's mean gradient over this batch; returns the global batch size (0: no step)."""
+        grads: list = [None] * len(self.params)
+        per_pass = None if self.max_rows is None else max(1, self.max_rows // self.members)
+        if batch_len(inputs):
+            for x, y in micro_batches(inputs, targets, per_pass):
+                if self.members > 1:
+                    x, y = repeat_rows(x, self.members), repeat_rows(y, self.members)
+                with self.precision.autocast(targets.device):
+                    loss = self.loss_fn(model_outputs(self.model, x), y).sum()
+                grads = [g if a is None else a if g is None else a + g
+                         for a, g in zip(grads, self.precision.backward(loss, self.params))]
+        sums = {str(i): torch.zeros_like(p) if g is None else g for i, (p, g) in enumerate(zip(self.params, grads))}
+        sums["count"] = torch.tensor([float(len(targets))], device=targets.device, dtype=self.params[0].dtype)
+        total = self.workers.sum(sums)
+        count = int(round(float(total.pop("count"))))
+        if count:
+            for i, p in enumerate(self.params):
+                p.grad = total[str(i)] / count
+        return count
+
+    def retire(self, k: int) -> None:
+        """Member ``k`` of a pack stops (the packed optimizer leaves it as it is)."""
+        self.active[k] = False
+
+    def keep_members(self, rows: Sequence[int]) -> None:
+        """Shrink a pack to its members ``rows`` (after the packed model shrank)."""
+        self.active = self.active[torch.tensor(list(rows), dtype=torch.long, device=self.active.device)]
+        self.members = len(rows)
