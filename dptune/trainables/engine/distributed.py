@@ -122,9 +122,6 @@ class Baseline:
     in passes of at most ``max_rows`` rows; ``active``, :meth:`retire` and :meth:`keep_members` keep its
     members' flags as :class:`.dp_engine.DPEngine` does (it has no clipping, noise or parts)."""
 
-    packed = True
-    parts: list = []
-
     def __init__(self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
                  workers: Workers, precision: Precision = Precision(), members: int = 1,
                  max_rows: int | None = None) -> None:
