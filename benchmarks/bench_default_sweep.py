@@ -39,14 +39,15 @@ def store_train_times(storage: str) -> list[float] | None:
 
 
 def best_per_cell(storage: str) -> str:
-    """The sweep's answer: per cell, the configuration with the best seed-mean accuracy."""
+    """The sweep's answer: per cell, the configuration with the best seed-mean accuracy (ties to the smaller C,
+    then B, then η, as the analysis breaks them: configurations that clipped every example tie exactly)."""
     from dptune.platform.store.results_store import ResultsStore
 
     stores = list(Path(storage).glob("*/store"))
     frame = ResultsStore(str(stores[0])).query(
         "SELECT cell, clip_bound AS C, batch_size AS B, round(learning_rate, 4) AS lr, round(avg(accuracy), 4) AS acc, "
         "count(*) AS seeds FROM trials WHERE status = 'finished' GROUP BY cell, C, B, lr "
-        "QUALIFY row_number() OVER (PARTITION BY cell ORDER BY acc DESC) = 1 ORDER BY cell")
+        "QUALIFY row_number() OVER (PARTITION BY cell ORDER BY acc DESC, C, B, lr) = 1 ORDER BY cell")
     return frame.to_string(index=False)
 
 
