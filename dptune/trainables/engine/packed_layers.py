@@ -43,8 +43,10 @@ def by_member(x: torch.Tensor, members: int) -> torch.Tensor:
 
 def member_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Member k's linear map on member k's rows, by one ``bmm``: x [K·b, …, d], weight [K, p, d] and bias
-    [K, p] (or None) → [K·b, …, p]."""
+    [K, p] (or None) → [K·b, …, p]; a pack of one (or one shrunk to one member) by the plain ``linear``."""
     K, p = weight.shape[0], weight.shape[1]
+    if K == 1:
+        return F.linear(x, weight[0], None if bias is None else bias[0])
     xs, w = x.reshape(K, -1, x.shape[-1]), weight.transpose(1, 2)
     y = torch.bmm(xs, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), xs, w)
     return y.reshape(*x.shape[:-1], p)
@@ -95,6 +97,9 @@ class PackedConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         K = self.members
+        if K == 1:   # a pack of one (or one shrunk to one member): the plain convolution
+            return F.conv2d(x, self.weight[0], None if self.bias is None else self.bias[0], self.stride, self.padding,
+                            self.dilation, self.groups)
         b = x.shape[0] // K
         side = x.reshape(K, b, *x.shape[1:]).transpose(0, 1).reshape(b, K * x.shape[1], *x.shape[2:])
         y = F.conv2d(side, self.weight.reshape(-1, *self.weight.shape[2:]),
