@@ -87,24 +87,25 @@ class PackTrainer:
         self.rows_per_pass = self._rows_per_pass(memory_budget)
         self.plans = [self.lead.plan] + [plan_privacy(cfg, self.lead.n_train) for cfg in self.cfgs[1:]]   # σ once each
         self.model = pack_models([self.lead.model] * self.members)
-        self.engine = Baseline(self.model, self.lead.task.loss, workers=self.lead.workers, members=self.members,
-                               precision=Precision(lead.precision), max_rows=self.rows_per_pass) if not lead.private \
-            else DPEngine(
-            self.model, self.lead.task.loss, members=self.members, clip_bound=[c.clip_bound for c in self.cfgs],
-            noise_multiplier=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
-            norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
-            max_physical_batch_size=self.rows_per_pass, generator=self.lead.streams["noise"],
-            shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"], precision=lead.precision,
-            all_reduce=self.lead.workers.sum if self.lead.workers.size > 1 else None, **engine_parts(lead))
+        # the lead's own step and epoch loop trains the pack: its model stays the unpacked copy evaluated
+        self.engine: DPEngine | Baseline
         if lead.private:
-            self.lead.engine = self.engine
+            self.engine = self.lead.engine = DPEngine(
+                self.model, self.lead.task.loss, members=self.members, clip_bound=[c.clip_bound for c in self.cfgs],
+                noise_multiplier=[p.noise_multiplier for p in self.plans], expected_batch_size=lead.batch_size,
+                norm_estimator=lead.norm_estimator, sketch_k=lead.sketch_k, clip_fn=lead.clip_fn,
+                max_physical_batch_size=self.rows_per_pass, generator=self.lead.streams["noise"],
+                shared_noise=lead.randomness != "secure", probes=self.lead.streams["probes"],
+                precision=lead.precision, all_reduce=self.lead.workers.sum if self.lead.workers.size > 1 else None,
+                **engine_parts(lead))
         else:
-            self.lead.baseline = self.engine
+            self.engine = self.lead.baseline = Baseline(self.model, self.lead.task.loss, workers=self.lead.workers,
+                                                        members=self.members, precision=Precision(lead.precision),
+                                                        max_rows=self.rows_per_pass)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = PackedOptimizer(
             make_optimizer(lead.optimizer, params, lr=1.0, momentum=lead.momentum, weight_decay=lead.weight_decay),
             [c.learning_rate for c in self.cfgs], self.engine.active)
-        # the lead's own step and epoch loop trains the pack: its model stays the unpacked copy evaluated
         self.lead.optimizer = self.optimizer
         self.epsilons = [epoch_epsilons(cfg, plan) if cfg.private else None for cfg, plan in zip(self.cfgs, self.plans)]
         self.histories: list[list[dict]] = [[] for _ in self.cfgs]
@@ -200,14 +201,16 @@ class PackTrainer:
         norms, labels = self.lead.workers.gather(norms), self.lead.workers.gather(labels)   # all shards
         out: list[dict | None] = []
         score = self.lead.streams["score"]
-        drawn = score.state()   # private selection: each member draws the score noise it would alone (secure: fresh)
+        # private selection: each member draws the score noise it would alone (secure: fresh draws)
+        drawn = score.state() if self.lead.cfg.score_noise is not None else None
         for k, cfg in enumerate(self.cfgs):
             if not self.is_active(k):
                 out.append(None)
                 continue
             row = self.rows.index(k)
             load_member(self.model, self.lead.model, row)
-            score.load(drawn)
+            if drawn is not None:
+                score.load(drawn)
             if not cfg.private:
                 out.append({**self.lead.baseline_metrics(), "pack_members": self.members})
                 continue
